@@ -1,0 +1,57 @@
+"""streamjobs: exclusively owned work streams on Redis Streams, with crash recovery.
+
+Subclass :class:`StreamConsumer`, implement ``handle()``, and run it; queue work
+with :class:`Producer`. See README.md and docs/.
+"""
+
+from __future__ import annotations
+
+from .config import ClusterMode as ClusterMode
+from .config import ConsumerConfig as ConsumerConfig
+from .config import RecoveryConfig as RecoveryConfig
+from .consumer import StreamConsumer as StreamConsumer
+from .exceptions import ClusterNotSettled as ClusterNotSettled
+from .exceptions import ConfigurationError as ConfigurationError
+from .exceptions import DeadLetter as DeadLetter
+from .exceptions import HandlerDirective as HandlerDirective
+from .exceptions import InvalidAssignment as InvalidAssignment
+from .exceptions import InvalidStreamName as InvalidStreamName
+from .exceptions import RedisCommandError as RedisCommandError
+from .exceptions import RedisUnavailable as RedisUnavailable
+from .exceptions import Retry as Retry
+from .exceptions import StreamJobsError as StreamJobsError
+from .exceptions import StreamLost as StreamLost
+from .message import Message as Message
+from .metrics import DeadLetterReason as DeadLetterReason
+from .metrics import MetricsRecorder as MetricsRecorder
+from .metrics import NullRecorder as NullRecorder
+from .metrics import RequeueOutcome as RequeueOutcome
+from .metrics import StreamEvent as StreamEvent
+from .producer import Producer as Producer
+
+__all__ = (
+    "ClusterMode",
+    "ClusterNotSettled",
+    "ConfigurationError",
+    "ConsumerConfig",
+    "DeadLetter",
+    "DeadLetterReason",
+    "HandlerDirective",
+    "InvalidAssignment",
+    "InvalidStreamName",
+    "Message",
+    "MetricsRecorder",
+    "NullRecorder",
+    "Producer",
+    "RecoveryConfig",
+    "RedisCommandError",
+    "RedisUnavailable",
+    "RequeueOutcome",
+    "Retry",
+    "StreamConsumer",
+    "StreamEvent",
+    "StreamJobsError",
+    "StreamLost",
+)
+
+__version__ = "0.1.0"

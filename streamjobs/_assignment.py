@@ -1,0 +1,108 @@
+"""Assignment entries: parsing (pure) and building.
+
+An assignment has fields ``stream``, ``info`` (JSON object), ``_retry_count``
+(decimal, absent = 0) and any extra fields, which re-queues carry verbatim. The Go
+library's single ``lbs-input`` field holding ``{"DataStreamName": ..., "Info": ...}``
+is accepted too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._keys import check_stream_name
+from .exceptions import InvalidAssignment, InvalidStreamName
+
+RETRY_FIELD = "_retry_count"
+GO_FIELD = "lbs-input"
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A parsed assignment entry."""
+
+    id: str
+    stream: str
+    info: Mapping[str, Any]
+    retry_count: int
+
+
+def _text(value: bytes | str, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidAssignment(f"{what} is not valid UTF-8") from None
+
+
+def parse_retry_count(fields: Mapping[str, bytes | str]) -> int:
+    """``_retry_count`` of raw fields; absent = 0.
+
+    Raises:
+        InvalidAssignment: present but not a non-negative decimal.
+    """
+    raw = fields.get(RETRY_FIELD)
+    if raw is None:
+        return 0
+    text = _text(raw, RETRY_FIELD)
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise InvalidAssignment(f"{RETRY_FIELD} must be a non-negative decimal, got {text!r}")
+    return int(text)
+
+
+def _info(raw: str, what: str) -> dict[str, Any]:
+    try:
+        info = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidAssignment(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(info, dict):
+        raise InvalidAssignment(f"{what} must be a JSON object, got {type(info).__name__}")
+    return info
+
+
+def parse_assignment(entry_id: str, fields: Mapping[str, bytes | str]) -> Assignment:
+    """Parse one assignment entry's fields (names already decoded).
+
+    Raises:
+        InvalidAssignment: why the entry cannot be processed.
+    """
+    retry_count = parse_retry_count(fields)
+    if "stream" in fields:
+        stream = _text(fields["stream"], "stream")
+        raw_info = fields.get("info")
+        info = {} if raw_info is None else _info(_text(raw_info, "info"), "info")
+    elif GO_FIELD in fields:
+        doc = _info(_text(fields[GO_FIELD], GO_FIELD), GO_FIELD)
+        lowered = {str(k).lower(): v for k, v in doc.items()}
+        go_stream = lowered.get("datastreamname")  # Go's decoder ignores case in names
+        if not isinstance(go_stream, str):
+            raise InvalidAssignment(f"{GO_FIELD} has no string DataStreamName")
+        stream = go_stream
+        go_info = lowered.get("info")
+        if go_info is None:
+            go_info = {}
+        if not isinstance(go_info, dict):
+            raise InvalidAssignment(f"{GO_FIELD} Info must be an object")
+        info = go_info
+    else:
+        raise InvalidAssignment("missing field 'stream'")
+    try:
+        check_stream_name(stream)
+    except InvalidStreamName as exc:
+        raise InvalidAssignment(str(exc)) from None
+    return Assignment(id=entry_id, stream=stream, info=info, retry_count=retry_count)
+
+
+def build_fields(stream: str, info: Mapping[str, Any] | None) -> dict[str, str]:
+    """Fields of a new assignment entry.
+
+    Raises:
+        InvalidStreamName: the name cannot be given a co-located lock key.
+        TypeError: ``info`` is not JSON-serialisable.
+    """
+    check_stream_name(stream)
+    return {"stream": stream, "info": json.dumps(dict(info or {}), separators=(",", ":"))}

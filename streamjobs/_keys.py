@@ -1,0 +1,134 @@
+"""Every Redis key name streamjobs uses, and the cluster-slot rules behind them.
+
+No other module builds a key by hand. The rules (SPEC §2):
+
+* The assignment stream (LBS), the dead-letter stream and the lease index of a
+  service share the hash tag ``{service}``, so moves between them are single-slot
+  Lua scripts even on a cluster.
+* The lock of data stream ``D`` hashes to the same slot as ``D`` itself, so a
+  script can check the lock token and touch ``D`` atomically (fenced acks and
+  reads). If ``D`` carries a valid hash tag the lock keeps it; otherwise the lock
+  wraps the whole name in braces. A name for which neither works (a ``}`` outside
+  any valid tag) is rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.crc import key_slot as _key_slot
+
+from .exceptions import ConfigurationError, InvalidStreamName
+
+DEFAULT_PREFIX = "streamjobs"
+
+# Sub-prefixes of lock keys. They differ in their first character so a tagged
+# name and an untagged one can never produce the same lock key (``{x}`` tagged vs
+# ``x`` untagged would otherwise both give ``P:lock:{x}``).
+_LOCK_TAGGED = ":lock:t:"
+_LOCK_WRAPPED = ":lock:{"
+
+
+def hash_tag(key: str) -> str | None:
+    """The hash tag Redis Cluster would use for ``key``, or None if it has none."""
+    start = key.find("{")
+    if start < 0:
+        return None
+    end = key.find("}", start + 1)
+    if end < 0 or end == start + 1:
+        return None
+    return key[start + 1 : end]
+
+
+def key_slot(key: str) -> int:
+    """The cluster slot of ``key`` (CRC16 of the hash tag or of the whole key)."""
+    return int(_key_slot(key.encode("utf-8")))
+
+
+def _check_name_part(field: str, value: str) -> None:
+    if not value:
+        raise ConfigurationError(field, "must not be empty")
+    if "{" in value or "}" in value:
+        raise ConfigurationError(
+            field, "must not contain '{' or '}' (they would break its hash tag)"
+        )
+    if any(ch.isspace() for ch in value):
+        raise ConfigurationError(field, "must not contain whitespace")
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names of one service under one prefix."""
+
+    service: str
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        _check_name_part("service", self.service)
+        _check_name_part("prefix", self.prefix)
+
+    @property
+    def assignments(self) -> str:
+        """The assignment stream (LBS); its consumer group is named after the service."""
+        return f"{self.prefix}:{{{self.service}}}:lbs"
+
+    @property
+    def dead_letters(self) -> str:
+        """The dead-letter stream; same slot as the LBS."""
+        return f"{self.prefix}:{{{self.service}}}:dlq"
+
+    @property
+    def leases(self) -> str:
+        """Sorted set: assignment id -> server-time lock deadline (ms); same slot as the LBS."""
+        return f"{self.prefix}:{{{self.service}}}:leases"
+
+    @property
+    def group(self) -> str:
+        """Consumer group name used on the LBS and on every data stream."""
+        return self.service
+
+    @property
+    def lock_pattern(self) -> str:
+        """Glob matching every lock key under this prefix (for keyspace subscriptions)."""
+        return f"{self.prefix}:lock:*"
+
+    def lock(self, stream: str) -> str:
+        """The lock key of data stream ``stream``; same cluster slot as ``stream``.
+
+        Raises:
+            InvalidStreamName: no co-located lock key exists for this name.
+        """
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}{_LOCK_TAGGED}{stream}"
+        return f"{self.prefix}{_LOCK_WRAPPED}{stream}}}"
+
+    def stream_of_lock(self, lock_key: str) -> str | None:
+        """Inverse of :meth:`lock`; None if ``lock_key`` is not one of ours."""
+        tagged = f"{self.prefix}{_LOCK_TAGGED}"
+        wrapped = f"{self.prefix}{_LOCK_WRAPPED}"
+        if lock_key.startswith(tagged):
+            return lock_key[len(tagged) :]
+        if lock_key.startswith(wrapped) and lock_key.endswith("}"):
+            return lock_key[len(wrapped) : -1]
+        return None
+
+
+def check_stream_name(stream: str) -> None:
+    """Reject a data stream name that cannot get a lock key in its own slot.
+
+    Raises:
+        InvalidStreamName: with the reason.
+    """
+    if not isinstance(stream, str):
+        raise InvalidStreamName(repr(stream), "must be a str")
+    if not stream:
+        raise InvalidStreamName(stream, "must not be empty")
+    try:
+        stream.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidStreamName(stream, "is not valid UTF-8") from None
+    if hash_tag(stream) is None and "}" in stream:
+        # Wrapping the name in braces would end the lock's tag at this '}', so the
+        # lock would hash elsewhere than the stream.
+        raise InvalidStreamName(stream, "contains '}' outside a valid {hash tag}")

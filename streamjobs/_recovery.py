@@ -1,0 +1,152 @@
+"""Recovery of pending assignments whose owner is gone: a pure decision, then thin I/O.
+
+The same primitive serves the keyspace-notification path, the lease sweep, the
+XPENDING reconciliation scan and ``StreamConsumer.claim()`` (SPEC §4).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ._assignment import Assignment, parse_assignment, parse_retry_count
+from ._redis import Gateway, RawFields
+from .exceptions import InvalidAssignment
+from .metrics import DeadLetterReason, MetricsRecorder, RequeueOutcome
+
+
+class Action(enum.Enum):
+    SKIP_ALIVE = "skip_alive"
+    DEAD_LETTER = "dead_letter"
+    REQUEUE = "requeue"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    reason: DeadLetterReason | None = None
+    retry_count: int = 0
+    error: str = ""
+
+
+def decide(
+    parsed: Assignment | InvalidAssignment, *, lock_exists: bool, max_retries: int, raw_retry: int
+) -> Decision:
+    """What to do with one pending assignment (pure).
+
+    Args:
+        parsed: the parsed entry, or why it could not be parsed.
+        lock_exists: whether its stream's lock exists (ignored for unparseable entries:
+            they are poison for everyone and have no lock to look at).
+        max_retries: ``RecoveryConfig.max_retries``.
+        raw_retry: the entry's ``_retry_count`` as far as it could be read (for the DLQ).
+    """
+    if isinstance(parsed, InvalidAssignment):
+        return Decision(
+            Action.DEAD_LETTER, DeadLetterReason.UNPARSEABLE, raw_retry, error=str(parsed)
+        )
+    if lock_exists:
+        return Decision(Action.SKIP_ALIVE, retry_count=parsed.retry_count)
+    nxt = parsed.retry_count + 1
+    if nxt > max_retries:
+        return Decision(Action.DEAD_LETTER, DeadLetterReason.MAX_RETRIES_EXCEEDED, nxt)
+    return Decision(Action.REQUEUE, retry_count=nxt)
+
+
+def _safe_retry(fields: RawFields) -> int:
+    try:
+        return parse_retry_count(fields)
+    except InvalidAssignment:
+        return 0
+
+
+def dlq_meta(
+    reason: DeadLetterReason,
+    *,
+    retry_count: int,
+    source_stream: str,
+    source_id: str,
+    owner: str,
+    error: str = "",
+) -> list[tuple[str, str]]:
+    """The metadata fields of a dead-letter entry (SPEC §2)."""
+    meta = [
+        ("_dlq_reason", reason.value),
+        ("_retry_count", str(retry_count)),
+        ("_source_stream", source_stream),
+        ("_source_id", source_id),
+    ]
+    if owner:
+        meta.append(("_owner", owner))
+    if error:
+        meta.append(("_error", error[:1000]))
+    return meta
+
+
+class Recoverer:
+    """Carries out recovery decisions for one service."""
+
+    def __init__(
+        self, gateway: Gateway, *, max_retries: int, metrics: MetricsRecorder, service: str
+    ) -> None:
+        self._gw = gateway
+        self._max_retries = max_retries
+        self._metrics = metrics
+        self._service = service
+
+    async def recover(self, assignment_id: str, *, owner: str = "") -> RequeueOutcome:
+        """Re-queue or dead-letter one pending assignment whose lock is gone.
+
+        Raises:
+            RedisUnavailable: Redis could not be reached (nothing was changed, or the
+                script ran atomically: either way retrying is safe).
+        """
+        fields = await self._gw.fetch_assignment(assignment_id)
+        if fields is None:
+            # Deleted: finished, or re-queued by someone else. Clear a stale PEL entry.
+            await self._gw.requeue(assignment_id, "", None)
+            return self._count(RequeueOutcome.LOST_RACE)
+        try:
+            parsed: Assignment | InvalidAssignment = parse_assignment(assignment_id, fields)
+        except InvalidAssignment as exc:
+            parsed = exc
+        lock_exists = False
+        member = assignment_id
+        if isinstance(parsed, Assignment):
+            lock_exists = await self._gw.lock_exists(parsed.stream)
+        decision = decide(
+            parsed,
+            lock_exists=lock_exists,
+            max_retries=self._max_retries,
+            raw_retry=_safe_retry(fields),
+        )
+        if decision.action is Action.SKIP_ALIVE:
+            return self._count(RequeueOutcome.OWNER_ALIVE)
+        if decision.action is Action.REQUEUE:
+            new_id = await self._gw.requeue(assignment_id, member, decision.retry_count)
+            return self._count(
+                RequeueOutcome.LOST_RACE if new_id is None else RequeueOutcome.REQUEUED
+            )
+        assert decision.reason is not None
+        if not owner:
+            owner = await self._gw.pending_owner(assignment_id)
+        moved = await self._gw.dead_letter_assignment(
+            assignment_id,
+            member,
+            dlq_meta(
+                decision.reason,
+                retry_count=decision.retry_count,
+                source_stream=self._gw.keys.assignments,
+                source_id=assignment_id,
+                owner=owner,
+                error=decision.error,
+            ),
+        )
+        if moved is None:
+            return self._count(RequeueOutcome.LOST_RACE)
+        self._metrics.dead_lettered(self._service, decision.reason)
+        return self._count(RequeueOutcome.DEAD_LETTERED)
+
+    def _count(self, outcome: RequeueOutcome) -> RequeueOutcome:
+        self._metrics.requeue(self._service, outcome)
+        return outcome

@@ -1,0 +1,46 @@
+"""Lua scripts shipped in ``lua/*.lua``, read once and registered once per client.
+
+redis-py's script objects run EVALSHA and reload the script transparently on
+NOSCRIPT (script caches are not replicated, so a promoted replica has none).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+NAMES = (
+    "acquire",
+    "extend",
+    "read",
+    "release",
+    "finish",
+    "requeue",
+    "dead_letter",
+    "dlq_add",
+    "lease",
+    "sweep",
+)
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua`` (read from the package once per process)."""
+    return (files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+class Scripts:
+    """The registered script objects of one client."""
+
+    def __init__(self, client: Any) -> None:
+        self.acquire = client.register_script(source("acquire"))
+        self.extend = client.register_script(source("extend"))
+        self.read = client.register_script(source("read"))
+        self.release = client.register_script(source("release"))
+        self.finish = client.register_script(source("finish"))
+        self.requeue = client.register_script(source("requeue"))
+        self.dead_letter = client.register_script(source("dead_letter"))
+        self.dlq_add = client.register_script(source("dlq_add"))
+        self.lease = client.register_script(source("lease"))
+        self.sweep = client.register_script(source("sweep"))

@@ -1,0 +1,199 @@
+"""Configuration: frozen, keyword-only dataclasses validated on construction.
+
+Every duration or size carries its unit in its name. A bad value raises
+:class:`~streamjobs.ConfigurationError` naming the field and the rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from .exceptions import ConfigurationError
+
+
+class ClusterMode(enum.Enum):
+    """How the Redis deployment is laid out."""
+
+    NONE = "none"
+    """Standalone, primary/replica or Sentinel: one keyspace subscription."""
+    OSS = "oss"
+    """OSS Redis Cluster: configuration and subscriptions on every primary."""
+    PROXY = "proxy"
+    """One endpoint in front of many shards: no subscriptions, the scanner recovers."""
+
+
+def _finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(name, f"must be a finite number, got {value!r}")
+
+
+def _positive(name: str, value: float) -> None:
+    _finite(name, value)
+    if value <= 0:
+        raise ConfigurationError(name, f"must be > 0, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    _finite(name, value)
+    if value < 0:
+        raise ConfigurationError(name, f"must be >= 0, got {value!r}")
+
+
+def _int_at_least(name: str, value: int, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(name, f"must be an int, got {value!r}")
+    if value < low:
+        raise ConfigurationError(name, f"must be >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConsumerConfig:
+    """How one consumer owns and processes streams.
+
+    Attributes:
+        lock_ttl_s: lifetime of a stream lock; an owner silent this long loses the stream.
+        heartbeat_interval_s: how often locks are extended; default ``lock_ttl_s / 3``;
+            must be below ``lock_ttl_s / 2``.
+        lease_margin_s: safety margin subtracted from the local lease deadline; default
+            10% of ``lock_ttl_s``. Past ``last extend + lock_ttl_s - lease_margin_s`` no entry
+            is handed to ``handle()`` until an extend succeeds.
+        max_concurrent_streams: streams owned at once; intake reads only free slots.
+        read_batch_size: data entries read (and acked) per round trip.
+        read_block_ms: how long an idle read blocks; bounds how quickly shutdown is noticed.
+        max_handler_attempts: attempts per entry before it is dead-lettered.
+        handler_backoff_s: delay before the second attempt; doubles per attempt.
+        handler_backoff_max_s: cap of that delay.
+        shutdown_grace_s: time in-flight handlers get to finish on shutdown.
+        finished_stream_ttl_s: TTL set on a data stream once it is finished; 0 deletes
+            it at once, None keeps it.
+        key_prefix: prefix of every key (see SPEC §2).
+    """
+
+    lock_ttl_s: float = 10.0
+    heartbeat_interval_s: float | None = None
+    lease_margin_s: float | None = None
+    max_concurrent_streams: int = 10
+    read_batch_size: int = 100
+    read_block_ms: int = 1000
+    max_handler_attempts: int = 3
+    handler_backoff_s: float = 0.1
+    handler_backoff_max_s: float = 5.0
+    shutdown_grace_s: float = 10.0
+    finished_stream_ttl_s: float | None = 3600.0
+    key_prefix: str = "streamjobs"
+
+    def __post_init__(self) -> None:
+        _positive("lock_ttl_s", self.lock_ttl_s)
+        if self.lock_ttl_s < 0.1:
+            raise ConfigurationError("lock_ttl_s", "must be >= 0.1 (locks use millisecond TTLs)")
+        if self.heartbeat_interval_s is not None:
+            _positive("heartbeat_interval_s", self.heartbeat_interval_s)
+            if self.heartbeat_interval_s >= self.lock_ttl_s / 2:
+                raise ConfigurationError(
+                    "heartbeat_interval_s",
+                    f"must be < lock_ttl_s / 2 ({self.lock_ttl_s / 2}), "
+                    f"got {self.heartbeat_interval_s}",
+                )
+        if self.lease_margin_s is not None:
+            _non_negative("lease_margin_s", self.lease_margin_s)
+            if self.lease_margin_s >= self.lock_ttl_s - self.heartbeat_s:
+                raise ConfigurationError(
+                    "lease_margin_s", "must be < lock_ttl_s - heartbeat_interval_s"
+                )
+        _int_at_least("max_concurrent_streams", self.max_concurrent_streams, 1)
+        _int_at_least("read_batch_size", self.read_batch_size, 1)
+        _int_at_least("read_block_ms", self.read_block_ms, 1)
+        _int_at_least("max_handler_attempts", self.max_handler_attempts, 1)
+        _non_negative("handler_backoff_s", self.handler_backoff_s)
+        _non_negative("handler_backoff_max_s", self.handler_backoff_max_s)
+        _non_negative("shutdown_grace_s", self.shutdown_grace_s)
+        if self.finished_stream_ttl_s is not None:
+            _non_negative("finished_stream_ttl_s", self.finished_stream_ttl_s)
+        if not self.key_prefix or any(c in self.key_prefix for c in "{} \t\n"):
+            raise ConfigurationError(
+                "key_prefix", "must be non-empty, without braces or whitespace"
+            )
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Effective heartbeat interval."""
+        if self.heartbeat_interval_s is not None:
+            return self.heartbeat_interval_s
+        return self.lock_ttl_s / 3
+
+    @property
+    def margin_s(self) -> float:
+        """Effective local lease safety margin."""
+        if self.lease_margin_s is not None:
+            return self.lease_margin_s
+        return self.lock_ttl_s * 0.1
+
+    @property
+    def lock_ttl_ms(self) -> int:
+        return max(1, round(self.lock_ttl_s * 1000))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecoveryConfig:
+    """How dead or stalled owners are detected and their work re-queued.
+
+    Attributes:
+        interval_s: period of the XPENDING reconciliation scan.
+        jitter_fraction: each wait is ``interval_s * (1 + U(0, jitter_fraction))``.
+        min_idle_s: pending assignments idle for less than this are not inspected by
+            the scan; must exceed the consumer's ``lock_ttl_s``.
+        batch_size: XPENDING page size; the scan resumes from a cursor across passes.
+        max_retries: re-queues after owner deaths before an assignment is dead-lettered.
+        dlq_stream: dead-letter stream name; default ``P:{service}:dlq``. It must share
+            the service's hash tag on a cluster.
+        dlq_maxlen: approximate cap of the dead-letter stream (``MAXLEN ~``); 0 = unbounded.
+        lease_check_interval_s: period of the lease sweep that finds expired locks
+            without waiting for Redis to expire them (see docs/recovery.md).
+        notification_delay_max_s: a keyspace expiry is acted on after ``U(0, this)``,
+            so a fleet does not stampede.
+        configure_keyspace_events: merge the needed flags into
+            ``notify-keyspace-events``; when False, never run CONFIG SET, only warn.
+    """
+
+    interval_s: float = 30.0
+    jitter_fraction: float = 0.1
+    min_idle_s: float = 15.0
+    batch_size: int = 100
+    max_retries: int = 3
+    dlq_stream: str | None = None
+    dlq_maxlen: int = 10_000
+    lease_check_interval_s: float = 1.0
+    notification_delay_max_s: float = 0.25
+    configure_keyspace_events: bool = True
+    keyspace_flags: str = field(default="Kx", repr=False)
+
+    def __post_init__(self) -> None:
+        _positive("interval_s", self.interval_s)
+        _non_negative("jitter_fraction", self.jitter_fraction)
+        if self.jitter_fraction > 1:
+            raise ConfigurationError("jitter_fraction", "must be <= 1")
+        _positive("min_idle_s", self.min_idle_s)
+        _int_at_least("batch_size", self.batch_size, 1)
+        _int_at_least("max_retries", self.max_retries, 0)
+        if self.dlq_stream is not None and not self.dlq_stream:
+            raise ConfigurationError("dlq_stream", "must not be empty")
+        _int_at_least("dlq_maxlen", self.dlq_maxlen, 0)
+        _positive("lease_check_interval_s", self.lease_check_interval_s)
+        _non_negative("notification_delay_max_s", self.notification_delay_max_s)
+        if not isinstance(self.configure_keyspace_events, bool):
+            raise ConfigurationError("configure_keyspace_events", "must be a bool")
+
+    def check_against(self, consumer: ConsumerConfig) -> None:
+        """Validate the rules that involve both configurations.
+
+        Raises:
+            ConfigurationError: ``min_idle_s`` does not exceed ``lock_ttl_s``.
+        """
+        if self.min_idle_s <= consumer.lock_ttl_s:
+            raise ConfigurationError(
+                "min_idle_s",
+                f"must exceed ConsumerConfig.lock_ttl_s ({consumer.lock_ttl_s}), "
+                f"got {self.min_idle_s}",
+            )

@@ -1,0 +1,95 @@
+"""Exceptions raised by streamjobs.
+
+Every exception the library raises derives from one root. redis-py errors are
+translated at one boundary (``streamjobs._redis``) and chained with
+``raise ... from``.
+
+::
+
+    StreamJobsError
+    ├── ConfigurationError        bad configuration value (names the field and the rule)
+    ├── InvalidStreamName         a data stream name with no co-located lock key
+    ├── InvalidAssignment         an assignment entry that cannot be parsed
+    ├── RedisUnavailable          connection refused/reset, timeout, server loading
+    ├── RedisCommandError         Redis answered with an error we did not expect
+    ├── StreamLost                this consumer no longer owns the stream (fenced op refused)
+    ├── ClusterNotSettled         reset_topology() found the cluster mid-change
+    └── HandlerDirective          raised by handle() to steer what happens to an entry
+        ├── Retry                 retry this entry after delay_s
+        └── DeadLetter            send this entry to the dead-letter stream now
+"""
+
+from __future__ import annotations
+
+
+class StreamJobsError(Exception):
+    """Root of every exception raised by streamjobs."""
+
+
+class ConfigurationError(StreamJobsError, ValueError):
+    """A configuration value breaks a rule.
+
+    Attributes:
+        field: the offending field.
+        rule: what the value must satisfy.
+    """
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+class InvalidStreamName(StreamJobsError, ValueError):
+    """A data stream name for which no lock key in the same cluster slot exists."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"invalid stream name {name!r}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class InvalidAssignment(StreamJobsError, ValueError):
+    """An assignment entry that cannot be parsed."""
+
+
+class RedisUnavailable(StreamJobsError, ConnectionError):
+    """Redis could not be reached (connection error, timeout, loading, failover)."""
+
+
+class RedisCommandError(StreamJobsError):
+    """Redis answered a command with an unexpected error."""
+
+
+class StreamLost(StreamJobsError):
+    """The consumer's lock on a stream is gone or belongs to someone else."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"lost ownership of stream {stream!r}")
+        self.stream = stream
+
+
+class ClusterNotSettled(StreamJobsError):
+    """The cluster is failing over or resharding; nothing was changed."""
+
+
+class HandlerDirective(StreamJobsError):
+    """Base of the exceptions a handler raises on purpose to steer processing."""
+
+
+class Retry(HandlerDirective):
+    """Retry the current entry after ``delay_s`` seconds (counts as an attempt)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        if delay_s < 0:
+            raise ConfigurationError("delay_s", "must be >= 0")
+        super().__init__(f"retry in {delay_s}s")
+        self.delay_s = delay_s
+
+
+class DeadLetter(HandlerDirective):
+    """Send the current entry to the dead-letter stream now, without further attempts."""
+
+    def __init__(self, reason: str = "dead-lettered by handler") -> None:
+        super().__init__(reason)
+        self.reason = reason

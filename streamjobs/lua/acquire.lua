@@ -1,0 +1,23 @@
+-- acquire.lua: take the lock of a data stream and make sure its consumer group exists.
+-- KEYS[1]  lock key of the data stream (same slot as KEYS[2])
+-- KEYS[2]  data stream
+-- ARGV[1]  lock token, unique to this acquisition
+-- ARGV[2]  lock TTL, milliseconds
+-- ARGV[3]  consumer group name
+-- Returns 1 if the lock was taken, 0 if someone else holds it.
+-- Idempotent: a client retry of a call whose reply was lost finds its own token.
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  return 1
+end
+if holder or not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 0
+end
+-- Group at id 0 with MKSTREAM: entries appended before the first owner must not be
+-- skipped, and the stream may not exist yet. BUSYGROUP (group exists) is expected.
+local ok = redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[3], '0', 'MKSTREAM')
+if type(ok) == 'table' and ok.err and not string.find(ok.err, 'BUSYGROUP', 1, true) then
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply(ok.err)
+end
+return 1

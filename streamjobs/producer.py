@@ -1,0 +1,61 @@
+"""Producer: queue assignments and append to data streams."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._assignment import build_fields
+from ._keys import DEFAULT_PREFIX, Keys, check_stream_name
+from ._redis import text, translated
+
+EOS_FIELD = "_eos"
+
+
+class Producer:
+    """Writes assignments and data entries for one service.
+
+    Args:
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster``; not closed by the producer.
+        service: the service whose consumers process the streams.
+        key_prefix: must match the consumers' ``ConsumerConfig.key_prefix``.
+
+    Raises:
+        ConfigurationError: an invalid service name or prefix.
+    """
+
+    def __init__(self, redis: Any, *, service: str, key_prefix: str = DEFAULT_PREFIX) -> None:
+        self._redis = redis
+        self._keys = Keys(service, key_prefix)
+
+    @translated
+    async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
+        """Queue an assignment naming data stream ``name``; returns the assignment's id.
+
+        Raises:
+            InvalidStreamName: ``name`` cannot be given a lock key in its own slot.
+            TypeError: ``info`` is not JSON-serialisable.
+        """
+        fields = build_fields(name, info)
+        return text(await self._redis.xadd(self._keys.assignments, fields))
+
+    @translated
+    async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:
+        """Append one entry to data stream ``name``; returns its id.
+
+        Raises:
+            InvalidStreamName: see :meth:`add_stream`.
+            ValueError: ``fields`` is empty or uses the reserved ``_eos`` field.
+        """
+        check_stream_name(name)
+        if not fields:
+            raise ValueError("fields must not be empty")
+        if EOS_FIELD in fields:
+            raise ValueError(f"{EOS_FIELD!r} is reserved: use close_stream()")
+        return text(await self._redis.xadd(name, dict(fields)))
+
+    @translated
+    async def close_stream(self, name: str) -> str:
+        """Append the end-of-stream marker; the owner finishes after it. Returns its id."""
+        check_stream_name(name)
+        return text(await self._redis.xadd(name, {EOS_FIELD: "1"}))

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from streamjobs import ConsumerConfig, Producer, RecoveryConfig
+
+from ._helpers import Recorder, eventually
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_one_stream_end_to_end(redis: AsyncRedis, service: str, uid: str) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"data:{uid}:0"
+    for i in range(5):
+        await producer.append(stream, {"n": str(i)})
+    await producer.close_stream(stream)
+    await producer.add_stream(stream, {"k": "v"})
+    c = Recorder(
+        redis,
+        service=service,
+        config=ConsumerConfig(lock_ttl_s=2, read_block_ms=50),
+        recovery=RecoveryConfig(min_idle_s=3),
+    )
+    c._init_lists()
+    async with c:
+
+        async def done() -> bool:
+            return stream in c.ended
+
+        await eventually(done, timeout_s=10)
+    assert [h[3] for h in c.handled] == ["0", "1", "2", "3", "4"]
+    assert await redis.exists(f"streamjobs:lock:{{{stream}}}") == 0
