@@ -104,6 +104,10 @@ class ConsumerConfig:
                 )
         _int_at_least("max_concurrent_streams", self.max_concurrent_streams, 1)
         _int_at_least("read_batch_size", self.read_batch_size, 1)
+        if self.read_batch_size > 5000:
+            raise ConfigurationError(
+                "read_batch_size", "must be <= 5000 (one script call acks a batch)"
+            )
         _int_at_least("read_block_ms", self.read_block_ms, 1)
         _int_at_least("max_handler_attempts", self.max_handler_attempts, 1)
         _non_negative("handler_backoff_s", self.handler_backoff_s)

@@ -625,6 +625,7 @@ class StreamConsumer(abc.ABC):
         return _Result.FINISHED
 
     def _mark_lost(self, owned: _Owned) -> None:
+        """The lock is gone or someone else's: stop at once, ack nothing, tell the user."""
         if owned.lost:
             return
         owned.lost = True
@@ -632,9 +633,21 @@ class StreamConsumer(abc.ABC):
         if owned.wait_scope is not None:
             owned.wait_scope.cancel()
         owned.notify()
+        self._metrics.stream_event(self.service, StreamEvent.LOST)
+        log.warning("lost stream %r (lock expired or taken over)", owned.stream)
+        # Reported now, not when the in-flight handler returns (it may run for long).
+        assert self._streams_tg is not None
+        self._streams_tg.start_soon(self._report_lost, owned.stream)
+
+    async def _report_lost(self, stream: str) -> None:
+        with anyio.move_on_after(_CLEANUP_TIMEOUT_S):
+            try:
+                await self.on_stream_lost(stream)
+            except Exception:
+                log.exception("on_stream_lost(%r) raised", stream)
 
     async def _settle(self, owned: _Owned, result: str) -> None:
-        """Shielded clean-up after a stream task ends: report a loss or hand it back."""
+        """Shielded clean-up after a stream task ends: hand an unfinished stream back."""
         if result == _Result.FINISHED:
             return
         self._owned.pop(owned.stream, None)
@@ -642,14 +655,6 @@ class StreamConsumer(abc.ABC):
         if result == _Result.STOPPED and not owned.lost:
             with anyio.move_on_after(_CLEANUP_TIMEOUT_S):
                 await self._hand_back(owned)
-        if owned.lost:
-            self._metrics.stream_event(self.service, StreamEvent.LOST)
-            log.warning("lost stream %r (lock expired or taken over)", owned.stream)
-            with anyio.move_on_after(_CLEANUP_TIMEOUT_S):
-                try:
-                    await self.on_stream_lost(owned.stream)
-                except Exception:
-                    log.exception("on_stream_lost(%r) raised", owned.stream)
 
     async def _hand_back(self, owned: _Owned) -> None:
         """Give an unfinished stream back at once (SPEC §3 graceful shutdown).

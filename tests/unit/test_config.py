@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamjobs import ConfigurationError, ConsumerConfig, RecoveryConfig
+
+CONSUMER_BAD: list[tuple[str, Any]] = [
+    ("lock_ttl_s", 0),
+    ("lock_ttl_s", -1),
+    ("lock_ttl_s", float("nan")),
+    ("lock_ttl_s", "10"),
+    ("heartbeat_interval_s", 0),
+    ("heartbeat_interval_s", 5.0),  # not < lock_ttl_s / 2 with the default 10 s TTL
+    ("lease_margin_s", -0.1),
+    ("lease_margin_s", 9.0),
+    ("max_concurrent_streams", 0),
+    ("max_concurrent_streams", 1.5),
+    ("max_concurrent_streams", True),
+    ("read_batch_size", 0),
+    ("read_batch_size", 100_000),
+    ("read_block_ms", 0),
+    ("max_handler_attempts", 0),
+    ("handler_backoff_s", -1),
+    ("handler_backoff_max_s", float("inf")),
+    ("shutdown_grace_s", -1),
+    ("finished_stream_ttl_s", -5),
+    ("key_prefix", ""),
+    ("key_prefix", "a{b"),
+]
+
+RECOVERY_BAD: list[tuple[str, Any]] = [
+    ("interval_s", 0),
+    ("jitter_fraction", -0.1),
+    ("jitter_fraction", 1.5),
+    ("min_idle_s", 0),
+    ("batch_size", 0),
+    ("max_retries", -1),
+    ("dlq_stream", ""),
+    ("dlq_maxlen", -1),
+    ("lease_check_interval_s", 0),
+    ("notification_delay_max_s", -1),
+    ("configure_keyspace_events", "yes"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), CONSUMER_BAD)
+def test_consumer_config_rejects_bad_value_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ConsumerConfig(**{field: value})
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(("field", "value"), RECOVERY_BAD)
+def test_recovery_config_rejects_bad_value_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RecoveryConfig(**{field: value})
+    assert info.value.field == field
+
+
+def test_defaults_are_valid_and_derived_values_follow_the_ttl() -> None:
+    cfg = ConsumerConfig(lock_ttl_s=9)
+    assert cfg.heartbeat_s == pytest.approx(3)
+    assert cfg.margin_s == pytest.approx(0.9)
+    assert cfg.lock_ttl_ms == 9000
+    RecoveryConfig().check_against(ConsumerConfig())
+
+
+def test_min_idle_must_exceed_lock_ttl() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RecoveryConfig(min_idle_s=10).check_against(ConsumerConfig(lock_ttl_s=10))
+    assert info.value.field == "min_idle_s"
+
+
+def test_configs_are_frozen_and_keyword_only() -> None:
+    cfg = ConsumerConfig()
+    with pytest.raises(AttributeError):
+        cfg.lock_ttl_s = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ConsumerConfig(10)  # type: ignore[misc]

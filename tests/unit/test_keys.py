@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.crc import key_slot as redis_key_slot
+
+from streamjobs import ConfigurationError, InvalidStreamName
+from streamjobs._keys import Keys, check_stream_name, hash_tag, key_slot
+
+KEYS = Keys("svc")
+
+
+def slot(key: str) -> int:
+    return int(redis_key_slot(key.encode("utf-8")))
+
+
+names = st.text(alphabet=st.sampled_from("ab{}:x -_é\n"), min_size=0, max_size=12) | st.text(
+    max_size=20
+)
+
+
+@given(names)
+def test_lock_is_in_the_streams_slot_or_the_name_is_rejected(name: str) -> None:
+    try:
+        lock = KEYS.lock(name)
+    except InvalidStreamName:
+        # Rejected names are exactly those with no co-located lock we can build.
+        assert not name or ("}" in name and hash_tag(name) is None) or _not_utf8(name)
+        return
+    assert slot(lock) == slot(name)
+    assert key_slot(lock) == key_slot(name)
+    assert KEYS.stream_of_lock(lock) == name
+
+
+def _not_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+@given(names, names)
+def test_distinct_streams_get_distinct_locks(a: str, b: str) -> None:
+    try:
+        la, lb = KEYS.lock(a), KEYS.lock(b)
+    except InvalidStreamName:
+        return
+    assert (la == lb) == (a == b)
+
+
+def test_examples() -> None:
+    assert KEYS.assignments == "streamjobs:{svc}:lbs"
+    assert KEYS.dead_letters == "streamjobs:{svc}:dlq"
+    assert slot(KEYS.assignments) == slot(KEYS.dead_letters) == slot(KEYS.leases)
+    assert KEYS.lock("call:42") == "streamjobs:lock:{call:42}"
+    assert KEYS.lock("{tenant}:call:42") == "streamjobs:lock:t:{tenant}:call:42"
+    assert KEYS.lock("{x}") != KEYS.lock("x")
+    assert KEYS.stream_of_lock("other:key") is None
+
+
+@pytest.mark.parametrize("bad", ["", "a}b", "a{}b}", "}"])
+def test_rejected_names(bad: str) -> None:
+    with pytest.raises(InvalidStreamName):
+        check_stream_name(bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("service", "a{b"), ("service", ""), ("prefix", "x y")]
+)
+def test_bad_service_or_prefix(field: str, value: str) -> None:
+    kwargs = {"service": "ok", "prefix": "ok", field: value}
+    with pytest.raises(ConfigurationError) as info:
+        Keys(**kwargs)
+    assert info.value.field == field
