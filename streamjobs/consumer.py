@@ -432,10 +432,13 @@ class StreamConsumer(abc.ABC):
             # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
             await anyio.sleep(backoff.next_delay())
         self._metrics.stream_event(self.service, StreamEvent.CONTENDED)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLEANUP_TIMEOUT_S):
-            # On failure it stays pending without our lock: recovery re-queues it.
-            with contextlib.suppress(RedisUnavailable):
-                await self._gw.requeue(assignment.id, "", None)
+        # On failure it stays pending without our lock: recovery re-queues it.
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(_CLEANUP_TIMEOUT_S),
+            contextlib.suppress(RedisUnavailable),
+        ):
+            await self._gw.requeue(assignment.id, "", None)
         return None
 
     async def _process(self, owned: _Owned) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -213,9 +214,9 @@ class LocalCluster:
         node_extra_args: more arguments per node index 0-5 (0-2 start as the
             primaries, 3-5 as the replicas); appended after `extra_args`.
         startup_timeout_s: deadline for the whole bring-up.
-        redis_server: the server executable.
-        redis_cli: the CLI executable (kept for callers that script the cluster
-            themselves; bring-up uses native `CLUSTER` commands).
+        redis_server: the server executable. (`redis-cli` is not needed: the
+            cluster is created with native `CLUSTER` commands, which measured
+            faster than `redis-cli --cluster create` and its 1 s sleeps.)
     """
 
     def __init__(
@@ -226,14 +227,12 @@ class LocalCluster:
         node_extra_args: Mapping[int, Sequence[str]] | None = None,
         startup_timeout_s: float = 30.0,
         redis_server: str = "redis-server",
-        redis_cli: str = "redis-cli",
     ) -> None:
         self._node_timeout_ms = node_timeout_ms
         self._extra_args = tuple(extra_args)
         self._node_extra_args = {i: tuple(a) for i, a in (node_extra_args or {}).items()}
         self._startup_timeout_s = startup_timeout_s
         self._redis_server = redis_server
-        self._redis_cli = redis_cli
         self._base_dir: Path | None = None
         self._nodes: dict[int, _Node] = {}
         self._startup_seconds: float | None = None
@@ -315,6 +314,9 @@ class LocalCluster:
             if node.running():
                 assert node.proc is not None
                 node.proc.terminate()
+                # A test may have SIGSTOPped the node; a stopped process would only
+                # act on SIGTERM once continued.
+                node.proc.send_signal(signal.SIGCONT)
         deadline = time.monotonic() + 5.0
         for node in nodes:
             self._close_client(node)
@@ -358,8 +360,7 @@ class LocalCluster:
         t1 = time.monotonic()
         self._create_native(ports, deadline)
         self._wait(deadline, "replica links up", self._why_links_down)
-        for port in ports[:PRIMARY_COUNT]:
-            self._cmd(port, "FUNCTION", "FLUSH")
+        self._bump_replication_offsets(ports[:PRIMARY_COUNT])
         t2 = time.monotonic()
         self._wait(deadline, "cluster_state:ok and replica links up", self._why_not_up)
         t3 = time.monotonic()
@@ -367,8 +368,8 @@ class LocalCluster:
         t4 = time.monotonic()
         self._phases = {
             "spawn": t1 - t0,
-            "create": t2 - t1,
-            "converge": t3 - t2,
+            "create": t2 - t1,  # slots, meet, replicate, links up
+            "converge": t3 - t2,  # cluster_state:ok everywhere
             "replicas_visible": t4 - t3,
         }
 
@@ -404,12 +405,29 @@ class LocalCluster:
 
         self._wait(deadline, "replicas attached", replicate)
 
-    def _make_replicas_visible(self, deadline: float) -> None:
-        """Write and delete one key per primary, then wait for `CLUSTER SLOTS`.
+    def _bump_replication_offsets(self, primaries: list[int]) -> None:
+        """Put one command into each primary's replication stream, right away.
 
         Redis 7.0 leaves replicas with replication offset 0 out of `CLUSTER SLOTS`,
         so clients (and `target_nodes=ALL_NODES`) would not see them until the
-        first write or the 10 s replication ping.
+        first write or the 10 s replication ping. Each node learns a replica's
+        offset only from that replica's own cluster-bus pings, roughly once a
+        second per peer, so a write made once the cluster is ok costs up to ~1 s
+        more. Key writes are refused until then (CLUSTERDOWN), but a keyless
+        write is not: `FUNCTION FLUSH` on the empty function library is
+        replicated and moves the offset. Done now, the pings carry the new offset
+        during the ~2 s a fresh primary waits before it reports ok anyway
+        (measured: bring-up 2.95 s -> 2.05 s).
+        """
+        for port in primaries:
+            self._cmd(port, "FUNCTION", "FLUSH")
+
+    def _make_replicas_visible(self, deadline: float) -> None:
+        """Write and delete one key per primary, then wait until every node's
+        `CLUSTER SLOTS` lists a replica for every slot range.
+
+        After `_bump_replication_offsets` the wait normally ends at once; the key
+        write keeps this step correct on its own.
         """
         for port in self.primaries():
             for first, last in self.slot_owners(port):
@@ -469,7 +487,7 @@ class LocalCluster:
 
     @property
     def ports(self) -> list[int]:
-        """All six node ports, running or not, in start-up order."""
+        """All six node ports, running or not, in start-up order (empty once stopped)."""
         return list(self._nodes)
 
     @property
@@ -509,11 +527,11 @@ class LocalCluster:
         return _parse_info(str(self._cmd(port, "CLUSTER", "INFO")))
 
     def primaries(self) -> list[int]:
-        """Ports of the running nodes that report role master, sorted."""
+        """Ports of the running nodes that report role master, in start-up order."""
         return [port for port in self.live_ports() if self._role_reply(port)[0] == "master"]
 
     def replicas(self) -> list[int]:
-        """Ports of the running nodes that report role slave, sorted."""
+        """Ports of the running nodes that report role slave, in start-up order."""
         return [port for port in self.live_ports() if self._role_reply(port)[0] == "slave"]
 
     def replica_of(self, primary_port: int) -> int:
@@ -703,7 +721,8 @@ class LocalCluster:
     def _cmd(self, port: int, *args: str | int) -> Any:
         """One raw command to one node. Multi-word commands are passed as separate
         arguments, so redis-py applies no response callback: replies stay raw."""
-        return self._client(port).execute_command(*args)
+        # redis-py leaves the sync `execute_command` unannotated.
+        return self._client(port).execute_command(*args)  # type: ignore[no-untyped-call]
 
     def _role_reply(self, port: int) -> list[Any]:
         reply = self._cmd(port, "ROLE")

@@ -79,19 +79,31 @@ def redis_cluster() -> Iterator[ClusterEndpoint]:
 
 
 @pytest.fixture
-def fresh_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+def require_cluster_binaries() -> None:
+    """Skip unless this test can start its own cluster (fail under ``CI=true``).
+
+    With ``STREAMJOBS_TEST_CLUSTER_URL`` set it is a skip even under ``CI=true``: a
+    cluster exists, it just must not be damaged.
+    """
+    if binaries_available():
+        return
+    if os.environ.get(ENV_CLUSTER_URL, "").strip():
+        pytest.skip(
+            "destructive cluster tests need their own cluster, and redis-server / "
+            f"redis-cli are not on PATH ({ENV_CLUSTER_URL} is never damaged)"
+        )
+    _no_cluster(f"no Redis Cluster for the tests: {_HOW_TO_GET_ONE}")
+
+
+@pytest.fixture
+def fresh_cluster(
+    request: pytest.FixtureRequest, require_cluster_binaries: None
+) -> Iterator[LocalCluster]:
     """A private 3 + 3 cluster for one destructive test, stopped afterwards.
 
     Indirect parametrization passes keyword arguments to
     :class:`~tests._cluster.LocalCluster` (see the module docstring).
     """
-    if not binaries_available():
-        if os.environ.get(ENV_CLUSTER_URL, "").strip():
-            pytest.skip(
-                f"destructive cluster tests need their own cluster, and redis-server / "
-                f"redis-cli are not on PATH ({ENV_CLUSTER_URL} is never damaged)"
-            )
-        _no_cluster(f"no Redis Cluster for the tests: {_HOW_TO_GET_ONE}")
     options: dict[str, Any] = dict(getattr(request, "param", {}))
     with LocalCluster(**options) as cluster:
         yield cluster

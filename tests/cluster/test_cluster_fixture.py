@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
+from redis.exceptions import MovedError
 
 from tests._cluster import ClusterEndpoint, ClusterStartupError, LocalCluster
 
@@ -82,7 +83,9 @@ async def test_cluster_client_writes_to_every_primary_and_sees_replicas(
     redis_cluster: ClusterEndpoint, cluster_client: RedisCluster, uid: str
 ) -> None:
     # CLUSTER SLOTS as the server states it: {(first, last): {"primary": (host, port), ...}}.
-    slots = await cluster_client.cluster_slots()
+    slots: dict[tuple[int, int], dict[str, Any]] = await cluster_client.execute_command(
+        "CLUSTER SLOTS"
+    )
     primaries = {tuple(info["primary"]) for info in slots.values()}
     assert len(primaries) == 3
     assert {(n.host, n.port) for n in cluster_client.get_primaries()} == primaries
@@ -109,10 +112,12 @@ async def test_cluster_client_writes_to_every_primary_and_sees_replicas(
                 if (host, port) == owner:
                     assert await node.get(key) == b"v"
                 else:
-                    with pytest.raises(ResponseError, match="MOVED"):
+                    with pytest.raises(MovedError) as moved:
                         await node.get(key)
+                    assert moved.value.node_addr == owner
 
 
+@pytest.mark.faults
 def test_sigkill_of_a_primary_promotes_its_replica(fresh_cluster: LocalCluster) -> None:
     cluster = fresh_cluster
     victim = cluster.primaries()[0]
@@ -143,6 +148,7 @@ def test_sigkill_of_a_primary_promotes_its_replica(fresh_cluster: LocalCluster) 
     assert len(cluster.replicas()) == 3
 
 
+@pytest.mark.faults
 def test_graceful_failover_flips_roles(fresh_cluster: LocalCluster) -> None:
     cluster = fresh_cluster
     primary = cluster.primaries()[1]
@@ -159,6 +165,7 @@ def test_graceful_failover_flips_roles(fresh_cluster: LocalCluster) -> None:
     assert len(cluster.replicas()) == 3
 
 
+@pytest.mark.faults
 def test_stop_leaves_no_process_and_no_files(fresh_cluster: LocalCluster) -> None:
     cluster = fresh_cluster
     pids = cluster.pids
@@ -178,6 +185,7 @@ def test_stop_leaves_no_process_and_no_files(fresh_cluster: LocalCluster) -> Non
     assert not any(d.exists() for d in directories)
 
 
+@pytest.mark.usefixtures("require_cluster_binaries")
 def test_failed_start_stops_what_it_started_and_shows_logs() -> None:
     before = _child_pids()
     cluster = LocalCluster(node_extra_args={5: ["--no-such-directive", "1"]})

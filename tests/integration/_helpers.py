@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import anyio
 
@@ -41,7 +42,7 @@ class Recorder(StreamConsumer):
             (self.consumer_name, message.stream, message.id, message.fields.get("n", ""))
         )
 
-    async def on_stream_start(self, stream: str, info: object) -> None:  # type: ignore[override]
+    async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
         self._init_lists()
         self.started.append(stream)
 

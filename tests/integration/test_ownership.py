@@ -81,7 +81,8 @@ async def test_two_consumers_handle_every_entry_once_in_order(
         owners = {c for c, st, _, _ in handled if st == s}
         assert ns == list(range(50)), f"{s} out of order"
         assert len(owners) == 1
-    assert a.handled and b.handled, "one consumer got no work"
+    assert a.handled, "consumer a got no work"
+    assert b.handled, "consumer b got no work"
     await assert_nothing_left(redis, service, streams)
 
 
@@ -144,7 +145,8 @@ async def test_fenced_read_refuses_a_stale_token(redis: AsyncRedis, service: str
     await Producer(redis, service=service).append(stream, {"n": "0"})
     assert await gw.acquire(stream, "me:1", 5000)
     ok, _, batch = await gw.fenced_read(stream, "me:1", "me", 10, [])
-    assert ok and [f["n"] for _, f in batch] == ["0"]
+    assert ok
+    assert [f["n"] for _, f in batch] == ["0"]
     await redis.set(Keys(service).lock(stream), "other:2")
     ok, _, _ = await gw.fenced_read(stream, "me:1", "me", 10, [batch[0][0]])
     assert not ok
@@ -174,7 +176,7 @@ async def test_graceful_shutdown_hands_the_stream_back_at_once(
     done_by_a = {i for _, _, i, _ in a.handled}
     keys = Keys(service)
     assert await redis.exists(keys.lock(stream)) == 0, "the lock was not released"
-    [(_, fields)] = await redis.xrange(keys.assignments)
+    [(_, fields)] = list(await redis.xrange(keys.assignments) or [])
     assert fields.get(b"_retry_count", b"0") == b"0", "a hand-back must not count a retry"
     b = make(Slow, redis, service, recovery=NO_RECOVERY, lock_ttl_s=10)
     t0 = time.monotonic()
@@ -220,14 +222,15 @@ async def test_failing_handler_dead_letters_the_entry_and_goes_on(
         await eventually(ended)
     assert [n for _, _, _, n in c.handled] == ["0", "1", "3", "5"]
     assert list(c.attempts.values()) == [3]
-    dlq = await redis.xrange(Keys(service).dead_letters)
+    dlq = list(await redis.xrange(Keys(service).dead_letters) or [])
     assert len(dlq) == 2
-    (id2, f2), (_, f4) = dlq
+    (_id2, f2), (_, f4) = dlq
     assert f2[b"_dlq_reason"] == b"handler_failed"
     assert f2[b"_error"] == b"RuntimeError: boom on 2"
     assert f2[b"_source_stream"] == stream.encode()
     assert f2[b"_source_id"].decode() in c.attempts
-    assert f2[b"n"] == b"2" and f2[b"_attempts"] == b"3"
+    assert f2[b"n"] == b"2"
+    assert f2[b"_attempts"] == b"3"
     assert f2[b"_owner"] == c.consumer_name.encode()
     assert int(f2[b"_dead_at_ms"]) > 0
     assert f4[b"_error"] == b"DeadLetter: bad payload"

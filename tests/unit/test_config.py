@@ -79,4 +79,4 @@ def test_configs_are_frozen_and_keyword_only() -> None:
     with pytest.raises(AttributeError):
         cfg.lock_ttl_s = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
-        ConsumerConfig(10)  # type: ignore[misc]
+        ConsumerConfig(10)  # type: ignore[call-arg]
