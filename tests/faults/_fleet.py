@@ -1,0 +1,165 @@
+"""Consumer subprocesses and history checks for the fault tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis import Redis as SyncRedis
+
+from .workers import log_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Worker:
+    """One ``streamjobs worker`` subprocess."""
+
+    def __init__(self, url: str, service: str, name: str, target: str, args: Sequence[str]):
+        self.name = name
+        self.log = Path(tempfile.mkstemp(prefix=f"sj-{name}-", suffix=".log")[1])
+        cmd = [
+            sys.executable,
+            "-m",
+            "streamjobs",
+            "worker",
+            target,
+            "--service",
+            service,
+            "--redis-url",
+            url,
+            "--consumer-name",
+            name,
+            "--log-level",
+            "INFO",
+            *args,
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self._out = self.log.open("wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=env)
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 20) -> int:
+        """SIGTERM (graceful), then SIGKILL if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+class Fleet:
+    """Starts workers and stops every one of them at the end."""
+
+    def __init__(self, url: str, service: str, target: str, args: Sequence[str]):
+        self.url, self.service, self.target, self.args = url, service, target, list(args)
+        self.workers: list[Worker] = []
+
+    def start(self, name: str) -> Worker:
+        w = Worker(self.url, self.service, name, self.target, self.args)
+        self.workers.append(w)
+        return w
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+            # Shown by pytest only when the test fails.
+            print(f"--- {w.name} (exit {w.proc.returncode}) ---\n{w.output()[-3000:]}")
+            w.log.unlink(missing_ok=True)
+
+
+@dataclass
+class Record:
+    consumer: str
+    stream: str
+    id: str
+    t_ms: int
+
+
+def history(r: SyncRedis, service: str) -> list[Record]:
+    out = []
+    for raw in r.lrange(log_key(service), 0, -1):  # type: ignore[union-attr]
+        c, s, i, t = raw.decode().split("|")
+        out.append(Record(c, s, i, int(t)))
+    return out
+
+
+def duplicates(records: list[Record]) -> Counter[tuple[str, str]]:
+    counts = Counter((x.stream, x.id) for x in records)
+    return Counter({k: v - 1 for k, v in counts.items() if v > 1})
+
+
+def owners(r: SyncRedis, service: str, streams: Sequence[str], prefix: str = "streamjobs") -> dict[str, str]:
+    """stream -> consumer name currently holding its lock."""
+    out = {}
+    for s in streams:
+        token = r.get(f"{prefix}:lock:{{{s}}}")
+        if token:
+            out[s] = token.decode().split(":")[0]  # type: ignore[union-attr]
+    return out
+
+
+def wait_for(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def assert_clean(r: SyncRedis, service: str, streams: Sequence[str]) -> None:
+    """Nothing pending or locked afterwards."""
+    lbs = f"streamjobs:{{{service}}}:lbs"
+    assert r.xpending(lbs, service)["pending"] == 0  # type: ignore[index]
+    assert r.xlen(lbs) == 0
+    for s in streams:
+        assert not r.exists(f"streamjobs:lock:{{{s}}}"), f"lock of {s} left"
+        if r.exists(s):
+            assert r.xpending(s, service)["pending"] == 0, f"{s} has pending entries"  # type: ignore[index]
+
+
+def produce(
+    r: SyncRedis, service: str, streams: Sequence[str], entries: int, info: dict[str, Any]
+) -> int:
+    """Queue one assignment per stream, append ``entries`` entries to each and close them."""
+    from streamjobs._assignment import build_fields
+
+    pipe = r.pipeline(transaction=False)
+    for s in streams:
+        pipe.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(s, info))  # type: ignore[arg-type]
+    for i in range(entries):
+        for s in streams:
+            pipe.xadd(s, {"n": str(i)})
+    for s in streams:
+        pipe.xadd(s, {"_eos": "1"})
+    pipe.execute()
+    return len(streams) * entries
+
+
+def all_done(r: SyncRedis, service: str, expected: int) -> bool:
+    lbs = f"streamjobs:{{{service}}}:lbs"
+    distinct = {(x.stream, x.id) for x in history(r, service)}
+    return len(distinct) >= expected and r.xlen(lbs) == 0
