@@ -1,0 +1,145 @@
+"""Recovery paths in-process against real Redis: claim races, scanner cursor, no notifications."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from streamjobs import ConsumerConfig, Producer, RecoveryConfig, RequeueOutcome
+from streamjobs._keys import Keys
+from tests._servers import RedisServerFactory
+
+from ._helpers import Recorder, eventually
+
+pytestmark = pytest.mark.anyio
+
+
+async def strand(redis: AsyncRedis, service: str, streams: list[str], ghost: str) -> list[str]:
+    """Queue assignments and have a consumer that then 'dies' read them (no lock)."""
+    producer = Producer(redis, service=service)
+    keys = Keys(service)
+    if not await redis.exists(keys.assignments):
+        await redis.xgroup_create(keys.assignments, service, id="0", mkstream=True)
+    for s in streams:
+        await producer.add_stream(s)
+        await producer.append(s, {"n": "0"})
+        await producer.close_stream(s)
+    reply = await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=len(streams))
+    return [i.decode() for i, _ in reply[0][1]]
+
+
+async def test_concurrent_claims_requeue_exactly_once(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
+    consumers = [Recorder(redis, service=service) for _ in range(8)]
+    outcomes: list[RequeueOutcome] = []
+
+    async def claim(c: Recorder) -> None:
+        outcomes.append(await c.claim(aid))
+
+    async with anyio.create_task_group() as tg:
+        for c in consumers:
+            tg.start_soon(claim, c)
+    assert outcomes.count(RequeueOutcome.REQUEUED) == 1
+    assert set(outcomes) <= {RequeueOutcome.REQUEUED, RequeueOutcome.LOST_RACE}
+    entries = await redis.xrange(Keys(service).assignments)
+    assert len(entries) == 1
+    [(new_id, fields)] = entries
+    assert new_id.decode() != aid
+    assert fields[b"_retry_count"] == b"1"
+    assert fields[b"stream"] == f"d:{uid}".encode()
+
+
+async def test_claim_skips_a_live_owner(redis: AsyncRedis, service: str, uid: str) -> None:
+    [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
+    await redis.set(Keys(service).lock(f"d:{uid}"), "alive:1", px=10_000)
+    c = Recorder(redis, service=service)
+    assert await c.claim(aid) is RequeueOutcome.OWNER_ALIVE
+    assert (await redis.xpending(Keys(service).assignments, service))["pending"] == 1
+
+
+async def test_scanner_cursor_reaches_a_dead_entry_behind_live_ones(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    live = [f"live:{uid}:{i}" for i in range(7)]
+    dead = f"dead:{uid}"
+    keys = Keys(service)
+    await strand(redis, service, live, "ghost-live")
+    for s in live:  # long-running live owners, no lease records: the scan must look
+        await redis.set(keys.lock(s), "ghost-live:1", px=60_000)
+    await strand(redis, service, [dead], "ghost-dead")
+    c = Recorder(
+        redis,
+        service=service,
+        config=ConsumerConfig(lock_ttl_s=0.5, read_block_ms=50),
+        recovery=RecoveryConfig(min_idle_s=0.6, interval_s=0.3, batch_size=5),
+    )
+    c._init_lists()
+    t0 = time.monotonic()
+    async with c:
+
+        async def recovered() -> bool:
+            return dead in c.ended
+
+        await eventually(recovered, timeout_s=10)
+    print(f"\nscanner-only recovery behind {len(live)} live entries: {time.monotonic() - t0:.2f}s")
+    pending = await redis.xpending_range(keys.assignments, service, "-", "+", 100)
+    assert len(pending) == len(live), "live entries must stay with their owners"
+    assert {p["consumer"] for p in pending} == {b"ghost-live"}
+
+
+async def test_recovery_without_keyspace_notifications(
+    redis_server_factory: RedisServerFactory, service: str, uid: str
+) -> None:
+    server = redis_server_factory()
+    client = AsyncRedis.from_url(server.url)
+    try:
+        await client.config_set("notify-keyspace-events", "")
+        recovery = RecoveryConfig(
+            min_idle_s=1.5, interval_s=1, jitter_fraction=0.1, configure_keyspace_events=False
+        )
+        cfg = ConsumerConfig(lock_ttl_s=1, read_block_ms=50)
+        stream = f"d:{uid}"
+        keys = Keys(service)
+        # A dead owner: lock taken and lease recorded, then nothing more (kill -9).
+        [aid] = await strand(client, service, [stream], "dead-owner")
+        await client.set(keys.lock(stream), "dead-owner:1", px=1000)
+        now_s, now_us = await client.time()
+        await client.zadd(keys.leases, {aid: now_s * 1000 + now_us // 1000 + 1000})
+        t0 = time.monotonic()
+        c = Recorder(client, service=service, config=cfg, recovery=recovery)
+        c._init_lists()
+        async with c:
+
+            async def recovered() -> bool:
+                return stream in c.ended
+
+            bound = recovery.min_idle_s + recovery.interval_s * 1.1 + 2.0
+            await eventually(recovered, timeout_s=bound)
+        elapsed = time.monotonic() - t0
+        print(f"\nrecovery with notifications off: {elapsed:.2f}s (bound {bound:.2f}s)")
+        assert elapsed < bound
+        flags = await client.config_get("notify-keyspace-events")
+        assert flags == {"notify-keyspace-events": ""}, "hands-off mode ran CONFIG SET"
+    finally:
+        await client.aclose()
+
+
+async def test_keyspace_flags_are_merged_not_overwritten(
+    redis_server_factory: RedisServerFactory, service: str
+) -> None:
+    server = redis_server_factory()
+    client = AsyncRedis.from_url(server.url)
+    try:
+        await client.config_set("notify-keyspace-events", "Elg")
+        c = Recorder(client, service=service)
+        async with c:
+            pass
+        flags = (await client.config_get("notify-keyspace-events"))["notify-keyspace-events"]
+        assert set(flags) >= set("ElgKx")
+    finally:
+        await client.aclose()
