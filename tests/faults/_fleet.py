@@ -45,7 +45,9 @@ class Worker:
         ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self._out = self.log.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=env
+        )
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
@@ -98,7 +100,7 @@ class Record:
 
 def history(r: SyncRedis, service: str) -> list[Record]:
     out = []
-    for raw in r.lrange(log_key(service), 0, -1):  # type: ignore[union-attr]
+    for raw in r.lrange(log_key(service), 0, -1):
         c, s, i, t = raw.decode().split("|")
         out.append(Record(c, s, i, int(t)))
     return out
@@ -109,13 +111,15 @@ def duplicates(records: list[Record]) -> Counter[tuple[str, str]]:
     return Counter({k: v - 1 for k, v in counts.items() if v > 1})
 
 
-def owners(r: SyncRedis, service: str, streams: Sequence[str], prefix: str = "streamjobs") -> dict[str, str]:
+def owners(
+    r: SyncRedis, service: str, streams: Sequence[str], prefix: str = "streamjobs"
+) -> dict[str, str]:
     """stream -> consumer name currently holding its lock."""
     out = {}
     for s in streams:
         token = r.get(f"{prefix}:lock:{{{s}}}")
         if token:
-            out[s] = token.decode().split(":")[0]  # type: ignore[union-attr]
+            out[s] = token.decode().split(":")[0]
     return out
 
 
@@ -133,12 +137,12 @@ def wait_for(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) 
 def assert_clean(r: SyncRedis, service: str, streams: Sequence[str]) -> None:
     """Nothing pending or locked afterwards."""
     lbs = f"streamjobs:{{{service}}}:lbs"
-    assert r.xpending(lbs, service)["pending"] == 0  # type: ignore[index]
+    assert r.xpending(lbs, service)["pending"] == 0
     assert r.xlen(lbs) == 0
     for s in streams:
         assert not r.exists(f"streamjobs:lock:{{{s}}}"), f"lock of {s} left"
         if r.exists(s):
-            assert r.xpending(s, service)["pending"] == 0, f"{s} has pending entries"  # type: ignore[index]
+            assert r.xpending(s, service)["pending"] == 0, f"{s} has pending entries"
 
 
 def produce(
@@ -149,7 +153,7 @@ def produce(
 
     pipe = r.pipeline(transaction=False)
     for s in streams:
-        pipe.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(s, info))  # type: ignore[arg-type]
+        pipe.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(s, info))
     for i in range(entries):
         for s in streams:
             pipe.xadd(s, {"n": str(i)})

@@ -53,10 +53,12 @@ def sync(server: RedisServer) -> Iterator[SyncRedis]:
 
 def recovery_time(records: list, victim: str, victim_streams: set[str], kill_ms: int) -> float:  # type: ignore[type-arg]
     after = [
-        x.t_ms for x in records if x.stream in victim_streams and x.consumer != victim and x.t_ms >= kill_ms
+        x.t_ms
+        for x in records
+        if x.stream in victim_streams and x.consumer != victim and x.t_ms >= kill_ms
     ]
     assert after, "no stream of the victim was recovered"
-    return (min(after) - kill_ms) / 1000
+    return float(min(after) - kill_ms) / 1000
 
 
 def test_kill_9_mid_handler(server: RedisServer, sync: SyncRedis, service: str, uid: str) -> None:
@@ -69,17 +71,21 @@ def test_kill_9_mid_handler(server: RedisServer, sync: SyncRedis, service: str, 
         total = produce(sync, service, streams, 20, {"work_ms": 60})
         victim = "c0"
         owned = wait_for(
-            lambda: {s for s, o in owners(sync, service, streams).items() if o == victim}
-            if any(x.consumer == victim for x in history(sync, service))
-            else set(),
+            lambda: (
+                {s for s, o in owners(sync, service, streams).items() if o == victim}
+                if any(x.consumer == victim for x in history(sync, service))
+                else set()
+            ),
             15,
             "the victim to own streams and handle entries",
         )
         fleet.start("c1")
         fleet.start("c2")
         wait_for(
-            lambda: {x.consumer for x in history(sync, service)} >= {"c1", "c2"}
-            or {x.consumer for x in history(sync, service)} >= {"c1"},
+            lambda: (
+                {x.consumer for x in history(sync, service)} >= {"c1", "c2"}
+                or {x.consumer for x in history(sync, service)} >= {"c1"}
+            ),
             15,
             "the others to start working",
         )
@@ -88,7 +94,9 @@ def test_kill_9_mid_handler(server: RedisServer, sync: SyncRedis, service: str, 
         kill_ms = int(time.time() * 1000)
         fleet.workers[0].signal(signal.SIGKILL)
         fleet.workers[0].proc.wait(5)
-        handled_by_victim = {(x.stream, x.id) for x in history(sync, service) if x.consumer == victim}
+        handled_by_victim = {
+            (x.stream, x.id) for x in history(sync, service) if x.consumer == victim
+        }
         wait_for(lambda: all_done(sync, service, total), 60, "every entry to be handled")
         records = history(sync, service)
         assert {(x.stream, x.id) for x in records} >= {
@@ -117,9 +125,11 @@ def test_sigstop_past_ttl_then_sigcont(
         stopped = fleet.start("c0")
         total = produce(sync, service, streams, 30, {"work_ms": 50})
         owned = wait_for(
-            lambda: {s for s, o in owners(sync, service, streams).items() if o == "c0"}
-            if any(x.consumer == "c0" for x in history(sync, service))
-            else set(),
+            lambda: (
+                {s for s, o in owners(sync, service, streams).items() if o == "c0"}
+                if any(x.consumer == "c0" for x in history(sync, service))
+                else set()
+            ),
             15,
             "c0 to own streams",
         )
@@ -138,7 +148,9 @@ def test_sigstop_past_ttl_then_sigcont(
         wait_for(lambda: "lost stream" in stopped.output(), 10, "c0 to report its streams lost")
         records = history(sync, service)
         # After SIGCONT, c0 completes at most its one in-flight call per stream.
-        late = [x for x in records if x.consumer == "c0" and x.t_ms >= cont_ms and x.stream in owned]
+        late = [
+            x for x in records if x.consumer == "c0" and x.t_ms >= cont_ms and x.stream in owned
+        ]
         per_stream = {s: sum(1 for x in late if x.stream == s) for s in owned}
         assert all(n <= 1 for n in per_stream.values()), per_stream
         rt = recovery_time(records, "c0", owned, stop_ms)
@@ -169,7 +181,7 @@ def test_poison_stream_reaches_the_dlq(
                 time.sleep(0.05)
             if w.proc.returncode == -signal.SIGKILL:
                 deaths += 1
-        [(_, fields)] = sync.xrange(dlq)
+        [(_, fields)] = list(sync.xrange(dlq) or [])
         assert fields[b"_dlq_reason"] == b"max_retries_exceeded"
         assert int(fields[b"_retry_count"]) == max_retries + 1
         assert fields[b"stream"] == stream.encode()

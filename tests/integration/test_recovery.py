@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -27,7 +28,7 @@ async def strand(redis: AsyncRedis, service: str, streams: list[str], ghost: str
         await producer.add_stream(s)
         await producer.append(s, {"n": "0"})
         await producer.close_stream(s)
-    reply = await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=len(streams))
+    reply: Any = await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=len(streams))
     return [i.decode() for i, _ in reply[0][1]]
 
 
@@ -46,7 +47,7 @@ async def test_concurrent_claims_requeue_exactly_once(
             tg.start_soon(claim, c)
     assert outcomes.count(RequeueOutcome.REQUEUED) == 1
     assert set(outcomes) <= {RequeueOutcome.REQUEUED, RequeueOutcome.LOST_RACE}
-    entries = await redis.xrange(Keys(service).assignments)
+    entries = list(await redis.xrange(Keys(service).assignments) or [])
     assert len(entries) == 1
     [(new_id, fields)] = entries
     assert new_id.decode() != aid
