@@ -145,6 +145,8 @@ class Recoverer:
         if moved is None:
             return self._count(RequeueOutcome.LOST_RACE)
         self._metrics.dead_lettered(self._service, decision.reason)
+        if moved[1] > 0:
+            self._metrics.dlq_trimmed(self._service, moved[1])
         return self._count(RequeueOutcome.DEAD_LETTERED)
 
     def _count(self, outcome: RequeueOutcome) -> RequeueOutcome:

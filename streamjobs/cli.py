@@ -172,6 +172,8 @@ def _demo_args(sub: Any) -> None:
     p.add_argument("--streams", type=int, default=12)
     p.add_argument("--entries", type=int, default=40)
     p.add_argument("--lock-ttl", type=float, default=3.0)
+    p.add_argument("--work-ms", type=int, default=20, help="simulated work per entry, ms")
+    p.add_argument("--timeout", type=float, default=50.0, help="give up after this, seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -384,6 +384,8 @@ class StreamConsumer(abc.ABC):
             return
         if moved is not None:
             self._metrics.dead_lettered(self.service, DeadLetterReason.UNPARSEABLE)
+            if moved[1] > 0:
+                self._metrics.dlq_trimmed(self.service, moved[1])
 
     # -- one stream ------------------------------------------------------------------
 
@@ -584,13 +586,15 @@ class StreamConsumer(abc.ABC):
         backoff = Backoff()
         while True:
             try:
-                await self._gw.dead_letter_entry(fields + meta)
+                _, trimmed = await self._gw.dead_letter_entry(fields + meta)
             except RedisUnavailable:
                 self._metrics.loop_error(self.service, "stream")
                 if not await self._pause(owned, backoff.next_delay()):
                     return False
                 continue
             self._metrics.dead_lettered(self.service, DeadLetterReason.HANDLER_FAILED)
+            if trimmed > 0:
+                self._metrics.dlq_trimmed(self.service, trimmed)
             return True
 
     async def _finish(self, owned: _Owned, eos: list[str]) -> str:

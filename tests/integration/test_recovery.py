@@ -9,7 +9,14 @@ import anyio
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
-from streamjobs import ConsumerConfig, Producer, RecoveryConfig, RequeueOutcome
+from streamjobs import (
+    ConsumerConfig,
+    DeadLetterReason,
+    NullRecorder,
+    Producer,
+    RecoveryConfig,
+    RequeueOutcome,
+)
 from streamjobs._keys import Keys
 from tests._servers import RedisServerFactory
 
@@ -144,3 +151,44 @@ async def test_keyspace_flags_are_merged_not_overwritten(
         assert set(flags) >= set("ElgKx")
     finally:
         await client.aclose()
+
+
+class Counting(NullRecorder):
+    def __init__(self) -> None:
+        self.trimmed = 0
+        self.dead: list[DeadLetterReason] = []
+        self.requeues: list[RequeueOutcome] = []
+
+    def dlq_trimmed(self, service: str, count: int) -> None:
+        self.trimmed += count
+
+    def dead_lettered(self, service: str, reason: DeadLetterReason) -> None:
+        self.dead.append(reason)
+
+    def requeue(self, service: str, outcome: RequeueOutcome) -> None:
+        self.requeues.append(outcome)
+
+
+async def test_dlq_is_trimmed_and_trimming_is_counted(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    keys = Keys(service)
+    pipe = redis.pipeline(transaction=False)
+    for i in range(300):
+        pipe.xadd(keys.dead_letters, {"old": str(i)})
+    await pipe.execute()
+    metrics = Counting()
+    c = Recorder(redis, service=service, recovery=RecoveryConfig(dlq_maxlen=10), metrics=metrics)
+    c._init_lists()
+    await redis.xadd(keys.assignments, {"info": "{}"})  # no stream: unparseable
+    async with c:
+
+        async def dead() -> bool:
+            return bool(metrics.dead)
+
+        await eventually(dead)
+    remaining = await redis.xlen(keys.dead_letters)
+    assert metrics.dead == [DeadLetterReason.UNPARSEABLE]
+    assert metrics.trimmed > 0
+    assert remaining == 301 - metrics.trimmed
+    assert remaining < 301

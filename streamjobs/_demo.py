@@ -1,0 +1,776 @@
+"""``streamjobs demo``: a small fleet processing streams while one consumer is killed.
+
+The demo starts ``--consumers`` worker subprocesses running :class:`DemoConsumer`,
+produces ``--streams`` data streams of ``--entries`` entries each (gradually, so the
+streams are mid-flight), SIGKILLs one consumer while it owns streams, measures how
+long the fleet takes to resume them, waits until every stream has finished and
+prints a one-line summary::
+
+    summary: streams=12 entries=480 handled=480 duplicates=1 dead_letters=0 recovery_s=3.42 lost=0
+
+Everything it creates (streams, locks, the service's keys, ``demo:{service}:*``) is
+deleted at the end; if no Redis answers at ``--redis-url`` and ``redis-server`` is on
+PATH, a private server is started for the run and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis as redis_sync
+from redis.asyncio import Redis
+
+from ._keys import Keys
+from .consumer import StreamConsumer
+from .exceptions import StreamJobsError
+from .message import Message
+from .producer import Producer
+
+_VICTIM = "demo-c0"
+_PING_TIMEOUT_S = 1.0
+_SERVER_START_TIMEOUT_S = 10.0
+_WORKER_START_TIMEOUT_S = 10.0
+_WORKER_STOP_TIMEOUT_S = 15.0
+_TICK_S = 0.1
+_PROGRESS_EVERY_S = 1.0
+
+
+# -- the consumer the workers run ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoKeys:
+    """The demo's own bookkeeping keys of one service (all share the ``{service}`` tag)."""
+
+    service: str
+
+    def _key(self, what: str) -> str:
+        return f"demo:{{{self.service}}}:{what}"
+
+    @property
+    def handled(self) -> str:
+        """Hash ``<stream>|<entry id>`` -> times handled (duplicates are countable)."""
+        return self._key("handled")
+
+    @property
+    def count(self) -> str:
+        """Counter of handle() completions, duplicates included."""
+        return self._key("count")
+
+    @property
+    def by_consumer(self) -> str:
+        """Hash consumer name -> completions."""
+        return self._key("by_consumer")
+
+    @property
+    def last(self) -> str:
+        """Hash stream -> ``<consumer>|<unix ms>`` of its latest completion."""
+        return self._key("last")
+
+    @property
+    def first(self) -> str:
+        """Hash ``<stream>|<consumer>`` -> unix ms of that consumer's first completion."""
+        return self._key("first")
+
+    @property
+    def finished(self) -> str:
+        """Set of finished streams."""
+        return self._key("finished")
+
+    def all(self) -> list[str]:
+        return [self.handled, self.count, self.by_consumer, self.last, self.first, self.finished]
+
+
+class DemoConsumer(StreamConsumer):
+    """Simulates ``info["work_ms"]`` of work per entry, then records the completion."""
+
+    async def handle(self, message: Message) -> None:
+        await anyio.sleep(float(message.info.get("work_ms", 20)) / 1000)
+        keys = DemoKeys(self.service)
+        me = self.consumer_name
+        now_ms = int(time.time() * 1000)
+        # All keys share the {service} hash tag, so one MULTI works on a cluster too.
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(keys.handled, f"{message.stream}|{message.id}", 1)
+            pipe.incr(keys.count)
+            pipe.hincrby(keys.by_consumer, me, 1)
+            pipe.hset(keys.last, message.stream, f"{me}|{now_ms}")
+            pipe.hsetnx(keys.first, f"{message.stream}|{me}", str(now_ms))
+            await pipe.execute()
+
+    async def on_stream_end(self, stream: str) -> None:
+        await self._redis.sadd(DemoKeys(self.service).finished, stream)
+
+
+# -- Redis: the given URL, or a private server ------------------------------------------
+
+
+class DemoError(Exception):
+    """A one-line reason the demo cannot run or failed."""
+
+
+def _ping(url: str) -> bool:
+    """True if a Redis answers at ``url``; False if nothing does.
+
+    Raises:
+        DemoError: something answered but refused (auth, protocol, ...).
+    """
+    try:
+        client = redis_sync.Redis.from_url(
+            url, socket_connect_timeout=_PING_TIMEOUT_S, socket_timeout=_PING_TIMEOUT_S
+        )
+    except ValueError as exc:
+        raise DemoError(f"invalid --redis-url {url!r}: {exc}") from None
+    try:
+        client.ping()
+        return True
+    except (redis_sync.ConnectionError, redis_sync.TimeoutError, OSError):
+        return False
+    except redis_sync.RedisError as exc:
+        raise DemoError(f"Redis at {url} refused the connection: {exc}") from None
+    finally:
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateRedis:
+    """A throw-away ``redis-server`` child (no persistence) on a free local port."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._dir = Path(tempfile.mkdtemp(prefix="streamjobs-demo-redis-"))
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> str:
+        """Start the server and wait until it answers PING; returns its URL."""
+        for _ in range(3):  # the free port can be taken between probe and bind
+            self.port = _free_port()
+            with (self._dir / "redis.log").open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [
+                        self.binary,
+                        "--port",
+                        str(self.port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--daemonize",
+                        "no",
+                        "--dir",
+                        str(self._dir),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if _ping(self.url):
+                    return self.url
+                time.sleep(0.05)
+            self._stop_proc()
+        raise DemoError(f"could not start a private redis-server (see {self._dir / 'redis.log'})")
+
+    def _stop_proc(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def stop(self) -> None:
+        self._stop_proc()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _redis_for(url: str) -> Iterator[str]:
+    """The URL to use: ``url`` if it answers, else a private server for the block.
+
+    Raises:
+        DemoError: nothing answers and no ``redis-server`` is on PATH.
+    """
+    if _ping(url):
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise DemoError(
+            f"no Redis answers at {url} and redis-server is not on PATH: "
+            "start a Redis or pass --redis-url"
+        )
+    server = PrivateRedis(binary)
+    try:
+        private_url = server.start()
+        assert server.proc is not None
+        print(
+            f"demo: no Redis at {url}; started a private redis-server on "
+            f"127.0.0.1:{server.port} (pid {server.proc.pid})",
+            flush=True,
+        )
+        yield private_url
+    finally:
+        server.stop()
+
+
+# -- worker subprocesses ---------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Worker:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    killed: bool = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Fleet:
+    """The worker subprocesses; :meth:`kill_all` is safe to call any number of times."""
+
+    url: str
+    service: str
+    log_dir: Path
+    args: list[str]
+    workers: list[Worker] = field(default_factory=list)
+
+    def start(self, name: str) -> Worker:
+        log_path = self.log_dir / f"{name}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "streamjobs",
+            "worker",
+            f"{__name__}:DemoConsumer",
+            "--service",
+            self.service,
+            "--redis-url",
+            self.url,
+            "--consumer-name",
+            name,
+            *self.args,
+        ]
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        worker = Worker(name, proc, log_path)
+        self.workers.append(worker)
+        return worker
+
+    def by_name(self, name: str) -> Worker:
+        return next(w for w in self.workers if w.name == name)
+
+    def started(self, worker: Worker) -> bool:
+        try:
+            text = worker.log.read_text(errors="replace")
+        except OSError:
+            return False
+        return f"consumer {worker.name} of service {self.service} started" in text
+
+    async def stop_all(self, timeout_s: float) -> list[str]:
+        """SIGTERM every live worker, wait; SIGKILL stragglers. Returns their names."""
+        for w in self.workers:
+            if w.alive():
+                w.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for w in self.workers:
+            remaining = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await anyio.to_thread.run_sync(w.proc.wait, remaining)
+        stragglers = [w.name for w in self.workers if w.alive()]
+        self.kill_all()
+        return stragglers
+
+    def kill_all(self) -> None:
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+        for w in self.workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(5)
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    service: str
+    streams: list[str]
+    entries: int
+    consumers: int
+    lock_ttl: float
+    work_ms: int
+    timeout_s: float
+
+    @property
+    def total(self) -> int:
+        return len(self.streams) * self.entries
+
+    @property
+    def append_interval_s(self) -> float:
+        """Pause between rounds of appends: production spans 3-10 s."""
+        return min(10.0, max(3.0, self.entries * 0.2)) / self.entries
+
+    @property
+    def concurrency(self) -> int:
+        """Streams per consumer: the survivors of the kill can take every stream."""
+        return max(1, math.ceil(len(self.streams) / max(1, self.consumers - 1)))
+
+    def worker_args(self) -> list[str]:
+        return [
+            "--lock-ttl",
+            f"{self.lock_ttl:g}",
+            "--concurrency",
+            str(self.concurrency),
+            "--scan-interval",
+            "5",
+            "--min-idle",
+            f"{max(5.0, self.lock_ttl * 1.5):g}",
+            "--block-ms",
+            "200",
+            "--grace",
+            "5",
+            "--log-level",
+            "INFO",
+        ]
+
+
+@dataclass
+class State:
+    """What the demo knows, updated by the producer and the monitor."""
+
+    start: float = field(default_factory=time.monotonic)
+    appended: set[str] = field(default_factory=set)
+    rounds_done: int = 0
+    producing: bool = True
+    victim: str | None = None
+    kill_unix_ms: int | None = None
+    victim_streams: list[str] = field(default_factory=list)
+    recovery_s: float | None = None
+    recovered_by: str = ""
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def _owners(tokens: Sequence[Any], streams: Sequence[str]) -> dict[str, str]:
+    """stream -> owner consumer name, from lock tokens ``<consumer>:<random>``."""
+    owners: dict[str, str] = {}
+    for stream, token in zip(streams, tokens, strict=True):
+        if token:
+            owners[stream] = str(token).rsplit(":", 1)[0]
+    return owners
+
+
+async def _lock_owners(client: Any, keys: Keys, streams: Sequence[str]) -> dict[str, str]:
+    async with client.pipeline(transaction=False) as pipe:
+        for s in streams:
+            pipe.get(keys.lock(s))
+        tokens = await pipe.execute()
+    return _owners(tokens, streams)
+
+
+async def _produce(client: Any, plan: Plan, state: State) -> None:
+    producer = Producer(client, service=plan.service)
+    for stream in plan.streams:
+        await producer.add_stream(stream, {"work_ms": plan.work_ms})
+        await anyio.sleep(0.03)  # one at a time, so they spread over the consumers
+    for n in range(plan.entries):
+        for stream in plan.streams:
+            entry_id = await producer.append(stream, {"n": str(n)})
+            state.appended.add(f"{stream}|{entry_id}")
+        state.rounds_done = n + 1
+        await anyio.sleep(plan.append_interval_s)
+    for stream in plan.streams:
+        await producer.close_stream(stream)
+    state.producing = False
+
+
+def _choose_victim(
+    plan: Plan, state: State, counts: Mapping[str, int], owners: Mapping[str, str]
+) -> str | None:
+    """The consumer to kill now, if any: it has handled entries and owns a stream."""
+    if plan.consumers < 2 or state.rounds_done < max(1, plan.entries // 4):
+        return None
+    owning = set(owners.values())
+    if counts.get(_VICTIM, 0) > 0 and _VICTIM in owning:
+        return _VICTIM
+    if state.rounds_done >= plan.entries * 0.6 or not state.producing:
+        # demo-c0 got nothing (uneven start-up): take another consumer instead.
+        for name in sorted(owning):
+            if counts.get(name, 0) > 0:
+                return name
+    return None
+
+
+async def _kill(client: Any, keys: Keys, plan: Plan, state: State, fleet: Fleet, name: str) -> None:
+    worker = fleet.by_name(name)
+    worker.proc.send_signal(signal.SIGKILL)
+    state.kill_unix_ms = int(time.time() * 1000)
+    worker.killed = True
+    await anyio.to_thread.run_sync(worker.proc.wait)
+    state.victim = name
+    # A dead process's locks stay as they were until they expire: read them now.
+    owners = await _lock_owners(client, keys, plan.streams)
+    state.victim_streams = sorted(s for s, o in owners.items() if o == name)
+    at = time.strftime("%H:%M:%S", time.localtime(state.kill_unix_ms / 1000))
+    print(
+        f"[{state.elapsed():5.1f}s] SIGKILL {name} at {at}.{state.kill_unix_ms % 1000:03d}; "
+        f"it owned {len(state.victim_streams)} stream(s): {', '.join(state.victim_streams)} "
+        f"(their locks expire within {plan.lock_ttl:g}s)",
+        flush=True,
+    )
+
+
+def _recovery(state: State, first: Mapping[str, str]) -> tuple[float, str] | None:
+    """Seconds from the kill to another consumer's first completion on a victim stream."""
+    if state.kill_unix_ms is None:
+        return None
+    best: tuple[int, str] | None = None
+    victim_streams = set(state.victim_streams)
+    for key, value in first.items():
+        stream, _, consumer = key.rpartition("|")
+        ts = int(value)
+        eligible = stream in victim_streams and consumer != state.victim
+        if eligible and ts >= state.kill_unix_ms and (best is None or ts < best[0]):
+            best = (ts, f"{consumer} on {stream}")
+    if best is None:
+        return None
+    return (best[0] - state.kill_unix_ms) / 1000, best[1]
+
+
+async def _finished(client: Any, keys: Keys, dkeys: DemoKeys, plan: Plan, state: State) -> bool:
+    if state.producing:
+        return False
+    if int(await client.hlen(dkeys.handled)) < plan.total:
+        return False
+    if int(await client.xlen(keys.assignments)) != 0:
+        return False
+    pending = await client.xpending(keys.assignments, keys.group)
+    if int(pending["pending"]) != 0:
+        return False
+    recorded = set(await client.hkeys(dkeys.handled))
+    return state.appended <= recorded
+
+
+def _progress_line(
+    plan: Plan,
+    state: State,
+    handled: int,
+    counts: Mapping[str, int],
+    owners: Mapping[str, str],
+    finished: int,
+    fleet: Fleet,
+) -> str:
+    owned: dict[str, int] = {}
+    for o in owners.values():
+        owned[o] = owned.get(o, 0) + 1
+    parts = []
+    for w in fleet.workers:
+        mark = " KILLED" if w.killed else ""
+        parts.append(f"{w.name}={counts.get(w.name, 0)} (owns {owned.get(w.name, 0)}){mark}")
+    return (
+        f"[{state.elapsed():5.1f}s] handled {handled}/{plan.total} | {' '.join(parts)} "
+        f"| finished {finished}/{len(plan.streams)}"
+    )
+
+
+async def _monitor(
+    client: Any, keys: Keys, dkeys: DemoKeys, plan: Plan, state: State, fleet: Fleet
+) -> None:
+    """Print progress, kill the victim, measure recovery; return once all is done."""
+    deadline = state.start + plan.timeout_s
+    next_progress = 0.0
+    while True:
+        for w in fleet.workers:
+            if not w.killed and not w.alive():
+                raise DemoError(
+                    f"worker {w.name} exited unexpectedly (code {w.proc.returncode}); "
+                    f"last log lines:\n{w.log_tail()}"
+                )
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.hlen(dkeys.handled)
+            pipe.hgetall(dkeys.by_consumer)
+            pipe.scard(dkeys.finished)
+            handled, raw_counts, finished = await pipe.execute()
+        counts = {str(k): int(v) for k, v in raw_counts.items()}
+        owners = await _lock_owners(client, keys, plan.streams)
+        if state.victim is None and state.kill_unix_ms is None:
+            victim = _choose_victim(plan, state, counts, owners)
+            if victim is not None:
+                await _kill(client, keys, plan, state, fleet, victim)
+        elif state.recovery_s is None:
+            found = _recovery(state, await client.hgetall(dkeys.first))
+            if found is not None:
+                state.recovery_s, state.recovered_by = found
+                print(
+                    f"[{state.elapsed():5.1f}s] recovered: {state.recovered_by} "
+                    f"{state.recovery_s:.2f}s after the kill",
+                    flush=True,
+                )
+        now = time.monotonic()
+        done = await _finished(client, keys, dkeys, plan, state)
+        if now >= next_progress or done:
+            next_progress = now + _PROGRESS_EVERY_S
+            if done:  # the counters read above may be a tick old
+                handled = plan.total
+                finished = await client.scard(dkeys.finished)
+            print(
+                _progress_line(plan, state, int(handled), counts, owners, int(finished), fleet),
+                flush=True,
+            )
+        if done:
+            return
+        if now >= deadline:
+            pending = await client.xpending(keys.assignments, keys.group)
+            raise DemoError(
+                f"not finished after {plan.timeout_s:g}s: handled {int(handled)}/{plan.total}, "
+                f"assignments queued={int(await client.xlen(keys.assignments))} "
+                f"pending={int(pending['pending'])}, locks held={len(owners)}"
+            )
+        await anyio.sleep(_TICK_S)
+
+
+async def _wait_started(fleet: Fleet) -> None:
+    """Wait until every worker logged that it started, so the work spreads evenly."""
+    deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
+    waiting = list(fleet.workers)
+    while waiting:
+        for w in list(waiting):
+            if not w.alive():
+                raise DemoError(
+                    f"worker {w.name} failed to start (code {w.proc.returncode}); "
+                    f"last log lines:\n{w.log_tail()}"
+                )
+            if fleet.started(w):
+                waiting.remove(w)
+        if time.monotonic() > deadline:
+            # Still alive, just slow (or logging differently): the work waits for them
+            # in the assignment stream, so carry on; only the spread suffers.
+            break
+        await anyio.sleep(0.05)
+    await anyio.sleep(0.3)  # "started" is logged just before the loops start
+
+
+async def _delete_demo_keys(client: Any, keys: Keys, dkeys: DemoKeys, plan: Plan) -> None:
+    """Delete every key of this run (never a flush: the server may be shared)."""
+    names = [keys.assignments, keys.dead_letters, keys.leases, *dkeys.all()]
+    for s in plan.streams:
+        names += [s, keys.lock(s)]
+    await client.delete(*names)
+    # Anything else named after the service (every demo key carries it).
+    leftovers = [k async for k in client.scan_iter(match=f"*{plan.service}*", count=1000)]
+    if leftovers:
+        await client.delete(*leftovers)
+
+
+def _summary(plan: Plan, state: State, handled: Mapping[str, str], dead_letters: int) -> str:
+    duplicates = sum(max(0, int(v) - 1) for v in handled.values())
+    lost = len(state.appended - set(handled))
+    recovery = "n/a" if state.recovery_s is None else f"{state.recovery_s:.2f}"
+    return (
+        f"summary: streams={len(plan.streams)} entries={len(state.appended)} "
+        f"handled={len(handled)} duplicates={duplicates} dead_letters={dead_letters} "
+        f"recovery_s={recovery} lost={lost}"
+    )
+
+
+async def _run(plan: Plan, url: str, fleet: Fleet) -> int:
+    client: Any = Redis.from_url(url, decode_responses=True, socket_connect_timeout=5)
+    keys = Keys(plan.service)
+    dkeys = DemoKeys(plan.service)
+    state = State()
+    try:
+        print(
+            f"demo: service {plan.service}, {plan.consumers} consumers "
+            f"(up to {plan.concurrency} streams each), {len(plan.streams)} streams x "
+            f"{plan.entries} entries, lock TTL {plan.lock_ttl:g}s, Redis {url}",
+            flush=True,
+        )
+        for i in range(plan.consumers):
+            fleet.start(f"demo-c{i}")
+        await _wait_started(fleet)
+        print(f"[{state.elapsed():5.1f}s] {plan.consumers} consumers running", flush=True)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_produce, client, plan, state)
+                await _monitor(client, keys, dkeys, plan, state, fleet)
+        except BaseExceptionGroup as group:
+            leaves = _leaves(group)
+            if len(leaves) == 1:  # the task group's wrapping hides a plain error
+                raise leaves[0] from None
+            raise
+        print(
+            f"[{state.elapsed():5.1f}s] all {len(plan.streams)} streams finished; "
+            "stopping the consumers (SIGTERM)",
+            flush=True,
+        )
+        stragglers = await fleet.stop_all(_WORKER_STOP_TIMEOUT_S)
+        if stragglers:
+            print(f"demo: warning: had to SIGKILL {', '.join(stragglers)}", flush=True)
+        handled = {str(k): str(v) for k, v in (await client.hgetall(dkeys.handled)).items()}
+        dead_letters = int(await client.xlen(keys.dead_letters))
+        print(_summary(plan, state, handled, dead_letters), flush=True)
+        lost = len(state.appended - set(handled))
+        if lost or dead_letters:
+            print(f"demo: FAILED: {lost} lost, {dead_letters} dead-lettered", flush=True)
+            return 1
+        if plan.consumers >= 2 and state.recovery_s is None:
+            print("demo: FAILED: no consumer was killed, recovery was not shown", flush=True)
+            return 1
+        print(f"demo: done in {state.elapsed():.1f}s", flush=True)
+        return 0
+    except (DemoError, StreamJobsError, redis_sync.RedisError) as exc:
+        reason = str(exc) if isinstance(exc, DemoError) else f"{type(exc).__name__}: {exc}"
+        print(f"demo: FAILED: {reason}", flush=True)
+        with contextlib.suppress(Exception):
+            handled = {str(k): str(v) for k, v in (await client.hgetall(dkeys.handled)).items()}
+            dead_letters = int(await client.xlen(keys.dead_letters))
+            print(_summary(plan, state, handled, dead_letters), flush=True)
+        return 1
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            fleet.kill_all()
+            try:
+                await _delete_demo_keys(client, keys, dkeys, plan)
+            except Exception as exc:
+                print(f"demo: warning: could not delete the demo's keys: {exc}", flush=True)
+            await client.aclose()
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            leaves += _leaves(exc)
+        else:
+            leaves.append(exc)
+    return leaves
+
+
+def _check_args(ns: argparse.Namespace) -> None:
+    for name in ("consumers", "streams", "entries"):
+        if getattr(ns, name) < 1:
+            raise DemoError(f"--{name} must be at least 1")
+    if not 0.1 <= ns.lock_ttl <= 60:
+        raise DemoError("--lock-ttl must be between 0.1 and 60 seconds")
+    if getattr(ns, "work_ms", 20) < 0:
+        raise DemoError("--work-ms must not be negative")
+    if getattr(ns, "timeout", 50.0) <= 0:
+        raise DemoError("--timeout must be positive")
+
+
+def run_demo(ns: argparse.Namespace) -> int:
+    """Run the demo described in the module docstring; returns the exit code.
+
+    0: every entry was handled and nothing was dead-lettered (and, with two or more
+    consumers, the killed consumer's streams were recovered); 1: the demo failed;
+    2: bad arguments or no Redis.
+    """
+    try:
+        _check_args(ns)
+    except DemoError as exc:
+        print(f"streamjobs demo: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    service = f"demo-{secrets.token_hex(4)}"
+    plan = Plan(
+        service=service,
+        streams=[f"{service}:s{i:02d}" for i in range(ns.streams)],
+        entries=ns.entries,
+        consumers=ns.consumers,
+        lock_ttl=ns.lock_ttl,
+        work_ms=getattr(ns, "work_ms", 20),
+        timeout_s=getattr(ns, "timeout", 50.0),
+    )
+    log_dir = Path(tempfile.mkdtemp(prefix="streamjobs-demo-"))
+    keep_logs = True
+    fleet: Fleet | None = None
+    try:
+        with _sigterm_as_interrupt(), _redis_for(ns.redis_url) as url:
+            fleet = Fleet(url, service, log_dir, plan.worker_args())
+            try:
+                code = anyio.run(_run, plan, url, fleet)
+            finally:
+                fleet.kill_all()
+        keep_logs = code != 0
+        return code
+    except DemoError as exc:
+        print(f"streamjobs demo: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        keep_logs = False
+        print("demo: interrupted; consumers stopped and demo keys deleted", flush=True)
+        raise
+    finally:
+        if fleet is not None:
+            fleet.kill_all()
+        if keep_logs and any(log_dir.iterdir()):
+            print(f"demo: worker logs kept in {log_dir}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while the demo runs, so its clean-up always happens."""
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+__all__ = ["DemoConsumer", "DemoKeys", "run_demo"]

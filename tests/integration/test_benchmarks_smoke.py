@@ -1,0 +1,59 @@
+"""Smoke test of ``benchmarks/hot_stream.py``: it runs end to end against the test Redis,
+both contenders handle exactly N entries, and it prints a ratio. No timing assertions."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from benchmarks import hot_stream
+from benchmarks.hot_stream import BenchmarkError, Target, main
+
+pytestmark = pytest.mark.redis
+
+N = 2000
+
+
+def test_hot_stream_runs_and_verifies_counts(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--redis-url", redis_url, "--use-url", "--entries", str(N), "--rounds", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^round 1/1 .* ratio streamjobs/bare \d+\.\d+$", out, re.MULTILINE), out
+    assert re.search(r"^median ratio streamjobs/bare: \d+\.\d+", out, re.MULTILINE), out
+    assert f"verified: bare handled {N}/{N}, streamjobs handled {N}/{N}" in out, out
+    assert re.search(r"^Redis commands/entry, streamjobs: \d+\.\d+", out, re.MULTILINE), out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("contender", ["bare", "streamjobs"])
+async def test_a_short_count_raises(
+    redis_url: str, uid: str, contender: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark checks its own counts: one entry short is an error, not a result."""
+    real_produce = hot_stream.produce
+
+    async def produce_one_short(client: Any, stream: str, n: int) -> None:
+        await real_produce(client, stream, n - 1)
+
+    monkeypatch.setattr(hot_stream, "produce", produce_one_short)
+    target = Target(redis_url, private=False)
+    client = AsyncRedis.from_url(redis_url, decode_responses=False)
+    admin = AsyncRedis.from_url(redis_url, decode_responses=True)
+    stream = f"bench:{uid}:{contender}"
+    try:
+        run = (
+            hot_stream.run_bare(client, admin, target, stream, 50, 10)
+            if contender == "bare"
+            else hot_stream.run_streamjobs(client, admin, target, stream, f"bench-{uid}", 50, 10)
+        )
+        with pytest.raises(BenchmarkError, match="handled 49/50"):
+            await run
+    finally:
+        await hot_stream.delete_keys_containing(admin, uid)
+        await client.aclose()
+        await admin.aclose()
