@@ -9,13 +9,13 @@
   one XPENDING page of entries idle for ``min_idle_s``, resuming from a cursor and
   wrapping around, so live long-running entries at the head cannot hide a dead one.
   Entries with a live lease are skipped without touching their locks.
-* Keyspace subscriber (``ClusterMode.NONE``): expiry events of lock keys wake the
-  sweep after a small random delay. Purely a latency optimisation.
+* Keyspace subscriptions (``_notifications``; one for ``ClusterMode.NONE``, one per
+  primary for ``ClusterMode.OSS``, none for ``PROXY``): expiry events of lock keys
+  wake the sweep after a small random delay. Purely a latency optimisation.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 from typing import Any
@@ -24,6 +24,7 @@ import anyio
 import anyio.abc
 
 from ._backoff import Backoff
+from ._notifications import ClusterWatcher, subscribe
 from ._recovery import Recoverer
 from ._redis import Gateway, text, translated
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
@@ -75,11 +76,24 @@ class RecoveryLoops:
         self._service = gateway.keys.service
         self._wake = anyio.Event()
         self._cursor = "-"
+        self._watcher: ClusterWatcher | None = None
+        if cluster_mode is ClusterMode.OSS:
+            self._watcher = ClusterWatcher(
+                client,
+                self._channel_pattern(),
+                ensure_flags=self.ensure_keyspace_events,
+                on_expired=self.wake_sweep,
+                metrics=metrics,
+                service=self._service,
+                check_interval_s=recovery.topology_check_interval_s,
+            )
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         if self._mode is ClusterMode.NONE:
             await self.ensure_keyspace_events()
             tg.start_soon(self._subscriber_loop)
+        elif self._watcher is not None:
+            await tg.start(self._watcher.run)
         tg.start_soon(self._sweep_loop)
         tg.start_soon(self._scan_loop)
 
@@ -193,31 +207,43 @@ class RecoveryLoops:
         return True
 
     def _channel_pattern(self) -> str:
-        db = self._client.connection_pool.connection_kwargs.get("db", 0)
+        if self._mode is ClusterMode.OSS:
+            db = 0  # a cluster has only database 0
+        else:
+            db = self._client.connection_pool.connection_kwargs.get("db", 0)
         return f"__keyspace@{db}__:{self._gw.keys.lock_pattern}"
+
+    async def reset_topology(self) -> None:
+        """See ``StreamConsumer.reset_topology``."""
+        if self._watcher is not None:
+            await self._watcher.reset()
+
+    @property
+    def watcher(self) -> ClusterWatcher | None:
+        return self._watcher
 
     async def _subscriber_loop(self) -> None:
         backoff = Backoff()
         pattern = self._channel_pattern()
         while True:
-            pubsub = self._client.pubsub()
             try:
-                await pubsub.psubscribe(pattern)
-                backoff.reset()
-                # Events may have been missed while we were not subscribed.
-                self.wake_sweep()
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is None:
-                        continue
-                    if text(msg.get("data", b"")) == "expired":
-                        self._metrics.notification(self._service, "expired")
-                        self.wake_sweep()
+                async with anyio.create_task_group() as tg:
+                    await tg.start(
+                        subscribe,
+                        self._client,
+                        pattern,
+                        self._on_expired_after_resubscribe,
+                        self._metrics,
+                        self._service,
+                    )
+                    backoff.reset()
+                    # Events may have been missed while we were not subscribed.
+                    self.wake_sweep()
             except Exception as exc:  # connection lost, or killed as a slow subscriber
                 self._metrics.notification(self._service, "dropped")
                 self._metrics.loop_error(self._service, "subscriber")
                 log.warning("keyspace subscription lost (%s); re-subscribing", exc)
                 await anyio.sleep(backoff.next_delay())
-            finally:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await pubsub.aclose()
+
+    def _on_expired_after_resubscribe(self) -> None:
+        self.wake_sweep()

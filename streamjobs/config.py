@@ -159,6 +159,8 @@ class RecoveryConfig:
             so a fleet does not stampede.
         configure_keyspace_events: merge the needed flags into
             ``notify-keyspace-events``; when False, never run CONFIG SET, only warn.
+        topology_check_interval_s: ``ClusterMode.OSS``: how often the set of primaries
+            is compared with the subscribed one (a graceful failover raises no error).
     """
 
     interval_s: float = 30.0
@@ -171,6 +173,7 @@ class RecoveryConfig:
     lease_check_interval_s: float = 1.0
     notification_delay_max_s: float = 0.25
     configure_keyspace_events: bool = True
+    topology_check_interval_s: float = 2.0
     keyspace_flags: str = field(default="Kx", repr=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +189,7 @@ class RecoveryConfig:
         _int_at_least("dlq_maxlen", self.dlq_maxlen, 0)
         _positive("lease_check_interval_s", self.lease_check_interval_s)
         _non_negative("notification_delay_max_s", self.notification_delay_max_s)
+        _positive("topology_check_interval_s", self.topology_check_interval_s)
         if not isinstance(self.configure_keyspace_events, bool):
             raise ConfigurationError("configure_keyspace_events", "must be a bool")
 

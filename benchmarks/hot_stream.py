@@ -1,0 +1,539 @@
+"""Hot-stream benchmark: one data stream, drained by one consumer in one process.
+
+Two contenders drain the same workload (N entries of ~100 bytes, produced in advance
+with pipelined XADDs, not timed), alternated within one run, each round on fresh keys:
+
+* ``bare``: a bare redis-py batch loop: ``XREADGROUP COUNT batch``, a no-op ``async``
+  handler per entry, then one ``XACK`` of the whole batch pipelined with the next read;
+* ``streamjobs``: a :class:`~streamjobs.StreamConsumer` with a no-op handler that owns
+  the stream through one assignment, timed from ``async with consumer`` until
+  ``on_stream_end`` fires (the stream is closed with the end marker).
+
+Both contenders must handle exactly N entries, or the benchmark raises
+:class:`BenchmarkError`. Redis command counts come from ``INFO commandstats`` deltas.
+
+Run: ``python -m benchmarks.hot_stream [--entries N] [--rounds 3] [--batch 100]``.
+By default a private ``redis-server`` is started (less noise) and stopped at the end;
+``--use-url`` uses ``--redis-url`` instead. Only keys holding this run's id are written
+and deleted; nothing is ever flushed. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+import redis.asyncio
+from redis.utils import HIREDIS_AVAILABLE
+
+from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+PAYLOAD_BYTES = 100
+PRODUCE_CHUNK = 1000
+BARE = "bare"
+STREAMJOBS = "streamjobs"
+# Commands the harness itself sends while a contender is measured.
+HARNESS_COMMANDS = frozenset({"info", "config|resetstat"})
+_SERVER_START_TIMEOUT_S = 10.0
+_RESERVED_PORTS = range(6379, 6401)
+
+
+class BenchmarkError(RuntimeError):
+    """A contender did not process exactly the expected entries, or Redis is missing."""
+
+
+# -- Redis: a private server or a given URL ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    url: str
+    private: bool
+
+
+def answers(url: str, timeout_s: float = 0.5) -> bool:
+    """True if a Redis at ``url`` answers PING."""
+    try:
+        with redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        ) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+def _free_port() -> int:
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _RESERVED_PORTS:
+            return port
+    raise BenchmarkError("no free TCP port outside 6379-6400")
+
+
+@contextlib.contextmanager
+def private_redis(binary: str) -> Iterator[str]:
+    """Run a throw-away ``redis-server`` (foreground child, no persistence); yield its URL."""
+    directory = Path(tempfile.mkdtemp(prefix="streamjobs-bench-"))
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    args = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--daemonize",
+        "no",
+        "--dir",
+        str(directory),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    log_path = directory / "redis.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=directory,
+        )
+    try:
+        deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
+        while not answers(url, timeout_s=0.2):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise BenchmarkError(f"private redis-server did not start on {url}:\n{tail}")
+            time.sleep(0.02)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_target(url: str, use_url: bool) -> Iterator[Target]:
+    """A private server unless ``use_url`` (or no ``redis-server`` binary is installed)."""
+    if not use_url:
+        binary = shutil.which("redis-server")
+        if binary is not None:
+            with private_redis(binary) as private_url:
+                yield Target(private_url, private=True)
+            return
+        print(f"note: redis-server is not on PATH; using {url}", flush=True)
+    if not answers(url, timeout_s=2.0):
+        raise BenchmarkError(f"no Redis answers at {url} (and no private server was started)")
+    yield Target(url, private=False)
+
+
+# -- measurement helpers ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Result:
+    contender: str
+    entries: int
+    seconds: float
+    commands: Counter[str] = field(default_factory=Counter)
+    server_usec: Counter[str] = field(default_factory=Counter)
+    startup_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.entries / self.seconds
+
+    @property
+    def commands_total(self) -> int:
+        return sum(self.commands.values())
+
+
+Stats = tuple[Counter[str], Counter[str]]
+"""(calls, usec) per command name."""
+
+
+async def command_stats(admin: Any) -> Stats:
+    """Calls and server microseconds per command from ``INFO commandstats``."""
+    stats: dict[str, Any] = await admin.info("commandstats")
+    calls: Counter[str] = Counter()
+    usec: Counter[str] = Counter()
+    for name, value in stats.items():
+        calls[name.removeprefix("cmdstat_")] = int(value["calls"])
+        usec[name.removeprefix("cmdstat_")] = int(value["usec"])
+    return calls, usec
+
+
+def _delta(before: Counter[str], after: Counter[str]) -> Counter[str]:
+    delta: Counter[str] = Counter()
+    for name, value in after.items():
+        if name not in HARNESS_COMMANDS and value > before.get(name, 0):
+            delta[name] = value - before.get(name, 0)
+    return delta
+
+
+def stats_delta(before: Stats, after: Stats) -> Stats:
+    """What was run between two snapshots, without the harness's own commands."""
+    return _delta(before[0], after[0]), _delta(before[1], after[1])
+
+
+async def start_counting(admin: Any, target: Target) -> Stats:
+    """Reset the server's command statistics (private server only); return a snapshot."""
+    if target.private:
+        await admin.config_resetstat()
+    return await command_stats(admin)
+
+
+async def produce(client: Any, stream: str, n: int) -> None:
+    """Append ``n`` entries of ~100 bytes with pipelined XADDs (not timed)."""
+    for start in range(0, n, PRODUCE_CHUNK):
+        async with client.pipeline(transaction=False) as pipe:
+            for i in range(start, min(n, start + PRODUCE_CHUNK)):
+                prefix = f"{i:010d}:"
+                pipe.xadd(stream, {"payload": prefix + "x" * (PAYLOAD_BYTES - len(prefix))})
+            await pipe.execute()
+
+
+async def delete_keys_containing(admin: Any, fragment: str) -> int:
+    """SCAN + DEL every key whose name contains ``fragment`` (never a flush)."""
+    deleted = 0
+    async for key in admin.scan_iter(match=f"*{fragment}*", count=1000):
+        deleted += int(await admin.delete(key))
+    return deleted
+
+
+# -- contender a: the bare batch loop ---------------------------------------------------
+
+
+async def _noop(entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    return None
+
+
+async def run_bare(
+    client: Any, admin: Any, target: Target, stream: str, n: int, batch: int
+) -> Result:
+    await produce(client, stream, n)
+    group, consumer = "bench", "bare-0"
+    await client.xgroup_create(stream, group, id="0")
+    before = await start_counting(admin, target)
+    gc.collect()
+    handled = 0
+    t0 = time.perf_counter()
+    reply = await client.xreadgroup(group, consumer, {stream: ">"}, count=batch)
+    while reply:
+        ids: list[bytes] = []
+        for _name, entries in reply:
+            for entry_id, fields in entries:
+                await _noop(entry_id, fields)
+                ids.append(entry_id)
+        handled += len(ids)
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.xack(stream, group, *ids)
+            pipe.xreadgroup(group, consumer, {stream: ">"}, count=batch)
+            _, reply = await pipe.execute()
+    elapsed = time.perf_counter() - t0
+    commands, usec = stats_delta(before, await command_stats(admin))
+    pending = int((await client.xpending(stream, group))["pending"])
+    await client.delete(stream)
+    if handled != n or pending != 0:
+        raise BenchmarkError(f"bare: handled {handled}/{n} entries, {pending} still pending")
+    return Result(BARE, handled, elapsed, commands, usec)
+
+
+# -- contender b: streamjobs ------------------------------------------------------------
+
+
+class BenchConsumer(StreamConsumer):
+    """No-op handler that counts entries; signals ``done`` when its stream finishes."""
+
+    def __init__(self, redis_client: Any, *, done: anyio.Event, **kwargs: Any) -> None:
+        super().__init__(redis_client, **kwargs)
+        self.count = 0
+        self.ended: list[str] = []
+        self._done = done
+
+    async def handle(self, message: Message) -> None:
+        self.count += 1
+
+    async def on_stream_end(self, stream: str) -> None:
+        self.ended.append(stream)
+        self._done.set()
+
+
+async def run_streamjobs(
+    client: Any, admin: Any, target: Target, stream: str, service: str, n: int, batch: int
+) -> Result:
+    producer = Producer(client, service=service)
+    await produce(client, stream, n)
+    await producer.close_stream(stream)
+    await producer.add_stream(stream, {"bench": "hot_stream"})
+    done = anyio.Event()
+    consumer = BenchConsumer(
+        client,
+        done=done,
+        service=service,
+        config=ConsumerConfig(read_batch_size=batch, lock_ttl_s=30, finished_stream_ttl_s=0),
+        # Only touch notify-keyspace-events on a server we started ourselves.
+        recovery=RecoveryConfig(min_idle_s=45, configure_keyspace_events=target.private),
+    )
+    before = await start_counting(admin, target)
+    gc.collect()
+    timeout_s = max(60.0, n / 500)
+    t0 = time.perf_counter()
+    try:
+        async with consumer:
+            startup = time.perf_counter() - t0
+            with anyio.fail_after(timeout_s):
+                await done.wait()
+            elapsed = time.perf_counter() - t0
+    except TimeoutError:
+        raise BenchmarkError(
+            f"streamjobs: stream not finished after {timeout_s:.0f}s "
+            f"(handled {consumer.count}/{n} entries)"
+        ) from None
+    commands, usec = stats_delta(before, await command_stats(admin))
+    leftover = int(await client.exists(stream))
+    if consumer.count != n or consumer.ended != [stream] or leftover:
+        raise BenchmarkError(
+            f"streamjobs: handled {consumer.count}/{n} entries, ended {consumer.ended!r}, "
+            f"stream {'still exists' if leftover else 'deleted'}"
+        )
+    return Result(STREAMJOBS, consumer.count, elapsed, commands, usec, startup_s=startup)
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Round:
+    index: int
+    order: tuple[str, ...]
+    results: dict[str, Result]
+
+    @property
+    def ratio(self) -> float:
+        return self.results[STREAMJOBS].rate / self.results[BARE].rate
+
+
+@dataclass(slots=True)
+class Summary:
+    rounds: list[Round]
+    entries: int
+    batch: int
+
+    def rates(self, contender: str) -> list[float]:
+        return [r.results[contender].rate for r in self.rounds]
+
+    @property
+    def ratios(self) -> list[float]:
+        return [r.ratio for r in self.rounds]
+
+    def commands_per_entry(self, contender: str) -> tuple[float, Counter[str]]:
+        total: Counter[str] = Counter()
+        for r in self.rounds:
+            total.update(r.results[contender].commands)
+        entries = self.entries * len(self.rounds)
+        return sum(total.values()) / entries, total
+
+    def server_usec(self, contender: str) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for r in self.rounds:
+            total.update(r.results[contender].server_usec)
+        return total
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+async def _describe(admin: Any, target: Target) -> str:
+    server: dict[str, Any] = await admin.info("server")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    where = "private redis-server (--save '' --appendonly no)" if target.private else target.url
+    return (
+        f"machine: {os.cpu_count()} CPUs ({_cpu_model()}), load average {load}\n"
+        f"python {platform.python_version()} ({platform.python_implementation()}), "
+        f"redis-py {redis.__version__}, hiredis parser {'on' if HIREDIS_AVAILABLE else 'OFF'}, "
+        f"anyio {anyio_version()}\n"
+        f"redis {server.get('redis_version', '?')} at {where}"
+    )
+
+
+def anyio_version() -> str:
+    from importlib.metadata import version
+
+    return version("anyio")
+
+
+def _breakdown(commands: Counter[str], entries: int, top: int = 8) -> str:
+    return ", ".join(f"{name} {calls / entries:.4f}" for name, calls in commands.most_common(top))
+
+
+async def run_benchmark(target: Target, entries: int, rounds: int, batch: int) -> Summary:
+    run_id = uuid.uuid4().hex[:12]
+    client = redis.asyncio.Redis.from_url(target.url, decode_responses=False)
+    admin = redis.asyncio.Redis.from_url(target.url, decode_responses=True)
+    done: list[Round] = []
+    try:
+        print(await _describe(admin, target), flush=True)
+        print(
+            f"workload: {entries:,} entries of ~{PAYLOAD_BYTES} B, batch {batch}, "
+            f"{rounds} round(s), run id {run_id}",
+            flush=True,
+        )
+        if not target.private:
+            print("note: shared server: command counts include other clients' commands")
+        for index in range(rounds):
+            order = (BARE, STREAMJOBS) if index % 2 == 0 else (STREAMJOBS, BARE)
+            results: dict[str, Result] = {}
+            for contender in order:
+                stream = f"bench:{run_id}:r{index}:{contender}"
+                if contender == BARE:
+                    result = await run_bare(client, admin, target, stream, entries, batch)
+                else:
+                    service = f"bench-{run_id}-r{index}"
+                    result = await run_streamjobs(
+                        client, admin, target, stream, service, entries, batch
+                    )
+                results[contender] = result
+            rnd = Round(index, order, results)
+            done.append(rnd)
+            b, s = results[BARE], results[STREAMJOBS]
+            print(
+                f"round {index + 1}/{rounds} (order {' -> '.join(order)}): "
+                f"bare {b.rate:,.0f} entries/s ({b.seconds:.3f} s) | "
+                f"streamjobs {s.rate:,.0f} entries/s ({s.seconds:.3f} s, "
+                f"startup {s.startup_s * 1000:.0f} ms) | ratio streamjobs/bare {rnd.ratio:.3f}",
+                flush=True,
+            )
+            print(
+                f"  verified: bare handled {b.entries}/{entries}, "
+                f"streamjobs handled {s.entries}/{entries}",
+                flush=True,
+            )
+    finally:
+        with contextlib.suppress(redis.RedisError, OSError):
+            await delete_keys_containing(admin, run_id)
+        await client.aclose()
+        await admin.aclose()
+    summary = Summary(done, entries, batch)
+    _print_summary(summary)
+    return summary
+
+
+def _spread(values: Sequence[float], fmt: str) -> str:
+    mid, low, high = (format(v, fmt) for v in (statistics.median(values), min(values), max(values)))
+    return f"{mid} ({low}-{high})"
+
+
+def _print_summary(summary: Summary) -> None:
+    bare_cpe, bare_cmds = summary.commands_per_entry(BARE)
+    sj_cpe, sj_cmds = summary.commands_per_entry(STREAMJOBS)
+    total = summary.entries * len(summary.rounds)
+    print()
+    print(f"median bare rate:       {_spread(summary.rates(BARE), ',.0f')} entries/s")
+    print(f"median streamjobs rate: {_spread(summary.rates(STREAMJOBS), ',.0f')} entries/s")
+    print(f"median ratio streamjobs/bare: {_spread(summary.ratios, '.3f')} (goal >= 0.5)")
+    print(f"Redis commands/entry, bare: {bare_cpe:.4f} ({_breakdown(bare_cmds, total)})")
+    print(
+        f"Redis commands/entry, streamjobs: {sj_cpe:.4f} ({_breakdown(sj_cmds, total)}; "
+        "commands run inside Lua scripts are counted too; "
+        f"round trips/entry ~ evalsha {sj_cmds['evalsha'] / total:.4f})"
+    )
+    bare_us = sum(summary.server_usec(BARE).values()) / total
+    sj_script_us = summary.server_usec(STREAMJOBS)["evalsha"] / total
+    print(
+        f"Redis server time/entry: bare {bare_us:.2f} us (all its commands); streamjobs "
+        f"{sj_script_us:.2f} us in EVALSHA alone (read.lua; inner commands included)"
+    )
+    print()
+    print(
+        "| round | bare entries/s | streamjobs entries/s | ratio streamjobs/bare "
+        "| streamjobs cmds/entry | server us/entry bare / streamjobs EVALSHA |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in summary.rounds:
+        b, s = r.results[BARE], r.results[STREAMJOBS]
+        print(
+            f"| {r.index + 1} | {b.rate:,.0f} | {s.rate:,.0f} | {r.ratio:.3f} | "
+            f"{s.commands_total / s.entries:.4f} | "
+            f"{sum(b.server_usec.values()) / b.entries:.2f} / "
+            f"{s.server_usec['evalsha'] / s.entries:.2f} |"
+        )
+    print(
+        f"| median | {statistics.median(summary.rates(BARE)):,.0f} | "
+        f"{statistics.median(summary.rates(STREAMJOBS)):,.0f} | "
+        f"{statistics.median(summary.ratios):.3f} | {sj_cpe:.4f} (all rounds) | "
+        f"{bare_us:.2f} / {sj_script_us:.2f} (all rounds) |"
+    )
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.hot_stream",
+        description="streamjobs vs a bare redis-py batch loop on one hot stream.",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=DEFAULT_URL,
+        help="Redis to use with --use-url, or when redis-server is not installed "
+        f"(default {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--use-url",
+        action="store_true",
+        help="use --redis-url instead of starting a private redis-server",
+    )
+    parser.add_argument("--entries", type=_positive_int, default=100_000)
+    parser.add_argument("--rounds", type=_positive_int, default=3)
+    parser.add_argument("--batch", type=_positive_int, default=100)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with redis_target(args.redis_url, args.use_url) as target:
+        anyio.run(run_benchmark, target, args.entries, args.rounds, args.batch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

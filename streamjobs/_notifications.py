@@ -1,0 +1,302 @@
+"""Keyspace expiry subscriptions: one on a standalone server, one per cluster primary.
+
+Redis publishes a keyspace event only on the node that owns the key, replicas
+publish no ``expired`` events, and keyspace events are classic (not sharded)
+pub/sub, so on an OSS cluster every primary needs its own pinned subscription.
+Topology changes do not always produce errors: after a graceful failover an old
+subscription keeps running on what is now a replica, and a retrying client can
+silently reconnect to a demoted node. So the watcher also compares the primary set
+with what it subscribed to, periodically, and rebuilds when they differ.
+
+Events only wake the lease sweep early; losing some costs latency, never work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+from redis.asyncio import Redis
+
+from ._backoff import Backoff
+from ._redis import text
+from .exceptions import ClusterNotSettled, RedisUnavailable
+from .metrics import MetricsRecorder
+
+log = logging.getLogger("streamjobs.notifications")
+
+Addr = tuple[str, int]
+SlotMap = dict[tuple[int, int], Addr]
+
+# Connection settings copied from the cluster client to per-node clients.
+_NODE_KWARGS = (
+    "username",
+    "password",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "ssl",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+)
+
+
+def node_client(cluster: Any, addr: Addr) -> Redis:
+    """A plain client pinned to one cluster node, with the cluster client's credentials."""
+    kwargs: Mapping[str, Any] = getattr(cluster, "connection_kwargs", {}) or {}
+    picked = {k: kwargs[k] for k in _NODE_KWARGS if kwargs.get(k) is not None}
+    picked.setdefault("socket_connect_timeout", 2.0)
+    return Redis(host=addr[0], port=addr[1], **picked)
+
+
+def parse_slots(reply: Any) -> SlotMap:
+    """CLUSTER SLOTS in either redis-py shape (raw list, or parsed dict)."""
+    out: SlotMap = {}
+    if isinstance(reply, dict):
+        for (lo, hi), info in reply.items():
+            host, port = info["primary"][:2]
+            out[(int(lo), int(hi))] = (text(host), int(port))
+        return out
+    for item in reply or ():
+        lo, hi, primary = item[0], item[1], item[2]
+        out[(int(lo), int(hi))] = (text(primary[0]), int(primary[1]))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    primaries: frozenset[Addr]
+    settled: bool
+    reason: str = ""
+
+
+def known_nodes(cluster: Any) -> set[Addr]:
+    nodes = {(n.host, int(n.port)) for n in cluster.get_nodes()}
+    for n in getattr(cluster.nodes_manager, "startup_nodes", {}).values():
+        nodes.add((n.host, int(n.port)))
+    return nodes
+
+
+async def cluster_view(cluster: Any) -> ClusterView:
+    """Ask every known node for its state and slot map (pure reads; changes nothing).
+
+    Settled means every reachable node says ``cluster_state:ok``, all of them report
+    the same slot owners, and every owner is reachable.
+    """
+    views: dict[Addr, SlotMap] = {}
+    reachable: set[Addr] = set()
+    problems: list[str] = []
+    for addr in sorted(known_nodes(cluster)):
+        r = node_client(cluster, addr)
+        try:
+            with anyio.fail_after(3):
+                info = await r.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
+                slots = await r.execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            problems.append(f"{addr[0]}:{addr[1]} unreachable ({type(exc).__name__})")
+            continue
+        finally:
+            await r.aclose()
+        reachable.add(addr)
+        state = info.get("cluster_state") if isinstance(info, dict) else None
+        if state is None:
+            state = "ok" if "cluster_state:ok" in text(info) else "fail"
+        if text(state) != "ok":
+            problems.append(f"{addr[0]}:{addr[1]} reports cluster_state:{text(state)}")
+        views[addr] = parse_slots(slots)
+    if not views:
+        raise RedisUnavailable("no cluster node answered: " + "; ".join(problems))
+    maps = list(views.values())
+    owners = frozenset(a for m in maps for a in m.values())
+    settled = not [p for p in problems if "cluster_state" in p]
+    if any(m != maps[0] for m in maps[1:]):
+        settled = False
+        problems.append("nodes disagree on slot ownership")
+    if owners - reachable:
+        settled = False
+        problems.append("a slot owner is unreachable")
+    return ClusterView(frozenset(maps[0].values()), settled, "; ".join(problems))
+
+
+async def subscribe(
+    client: Redis,
+    pattern: str,
+    on_expired: Callable[[], None],
+    metrics: MetricsRecorder,
+    service: str,
+    *,
+    task_status: anyio.abc.TaskStatus[None],
+) -> None:
+    """PSUBSCRIBE ``pattern`` on ``client`` and call ``on_expired`` for each expiry.
+
+    Returns (after closing the subscription) when the connection fails; cancellation
+    closes it too.
+    """
+    pubsub = client.pubsub()
+    try:
+        await pubsub.psubscribe(pattern)
+        task_status.started()
+        while True:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is not None and text(msg.get("data", b"")) == "expired":
+                metrics.notification(service, "expired")
+                on_expired()
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+class ClusterWatcher:
+    """Keeps exactly one expiry subscription per current primary of an OSS cluster."""
+
+    def __init__(
+        self,
+        cluster: Any,
+        pattern: str,
+        *,
+        ensure_flags: Callable[[Any], Awaitable[bool]],
+        on_expired: Callable[[], None],
+        metrics: MetricsRecorder,
+        service: str,
+        check_interval_s: float,
+    ) -> None:
+        self._cluster = cluster
+        self._pattern = pattern
+        self._ensure_flags = ensure_flags
+        self._on_expired = on_expired
+        self._metrics = metrics
+        self._service = service
+        self._check_interval_s = check_interval_s
+        self._rebuild = anyio.Event()
+        self._rebuilt = anyio.Event()
+        self.subscribed: frozenset[Addr] = frozenset()
+        self.generation = 0
+
+    async def reset(self) -> None:
+        """Refresh the slot map, check the cluster is settled, rebuild subscriptions.
+
+        Raises:
+            ClusterNotSettled: some node is not ``ok``, nodes disagree on slot owners, or
+                an owner is unreachable. Nothing was changed.
+        """
+        view = await cluster_view(self._cluster)
+        if not view.settled:
+            raise ClusterNotSettled(view.reason)
+        await self._cluster.nodes_manager.initialize()
+        done = self._rebuilt
+        self._rebuild.set()
+        await done.wait()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        started = False
+        backoff = Backoff(cap_s=5.0)
+        while True:
+            try:
+                view = await cluster_view(self._cluster)
+            except RedisUnavailable as exc:
+                if not started:
+                    raise
+                log.warning("cluster topology unavailable (%s)", exc)
+                await anyio.sleep(backoff.next_delay())
+                continue
+            changed = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                ok = await self._subscribe_all(tg, view.primaries, changed)
+                if not ok:
+                    if not started:
+                        raise RedisUnavailable(
+                            "could not configure or subscribe keyspace notifications on "
+                            f"any primary of the cluster ({sorted(view.primaries)})"
+                        )
+                    tg.cancel_scope.cancel()
+                    await anyio.sleep(backoff.next_delay())
+                    continue
+                backoff.reset()
+                self.subscribed = frozenset(ok)
+                self.generation += 1
+                # Events may have been missed while (re)subscribing.
+                self._on_expired()
+                rebuilt, self._rebuilt = self._rebuilt, anyio.Event()
+                rebuilt.set()
+                if not started:
+                    started = True
+                    task_status.started()
+                await self._watch(view.primaries, changed)
+                tg.cancel_scope.cancel()
+            self.subscribed = frozenset()
+
+    async def _subscribe_all(
+        self, tg: anyio.abc.TaskGroup, primaries: frozenset[Addr], changed: anyio.Event
+    ) -> list[Addr]:
+        ok: list[Addr] = []
+        for addr in sorted(primaries):
+            client = node_client(self._cluster, addr)
+            try:
+                with anyio.fail_after(5):
+                    await self._ensure_flags(client)
+                    await tg.start(self._node_subscription, client, addr, changed)
+                ok.append(addr)
+            except Exception as exc:
+                self._metrics.notification(self._service, "subscribe_failed")
+                log.warning("cannot subscribe on primary %s:%s (%s)", addr[0], addr[1], exc)
+                await client.aclose()
+        return ok
+
+    async def _node_subscription(
+        self,
+        client: Redis,
+        addr: Addr,
+        changed: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[None],
+    ) -> None:
+        try:
+            await subscribe(
+                client,
+                self._pattern,
+                self._on_expired,
+                self._metrics,
+                self._service,
+                task_status=task_status,
+            )
+        except Exception as exc:
+            self._metrics.notification(self._service, "dropped")
+            log.warning("subscription on %s:%s lost (%s): rebuilding", addr[0], addr[1], exc)
+            changed.set()
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await client.aclose()
+
+    async def _watch(self, primaries: frozenset[Addr], changed: anyio.Event) -> None:
+        """Return when a rebuild is due: requested, a subscription died, or primaries moved."""
+        while True:
+            with anyio.move_on_after(self._check_interval_s):
+                async with anyio.create_task_group() as tg:
+
+                    async def wait(event: anyio.Event) -> None:
+                        await event.wait()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(wait, self._rebuild)
+                    tg.start_soon(wait, changed)
+            if self._rebuild.is_set():
+                self._rebuild = anyio.Event()
+                return
+            if changed.is_set():
+                return
+            try:
+                view = await cluster_view(self._cluster)
+            except RedisUnavailable:
+                continue
+            if view.primaries != primaries and view.settled:
+                log.info("cluster primaries changed: rebuilding keyspace subscriptions")
+                with contextlib.suppress(Exception):
+                    await self._cluster.nodes_manager.initialize()
+                return
