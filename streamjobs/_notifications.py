@@ -103,7 +103,10 @@ async def cluster_view(cluster: Any) -> ClusterView:
             problems.append(f"{addr[0]}:{addr[1]} unreachable ({type(exc).__name__})")
             continue
         finally:
-            await r.aclose()
+            # Shielded: when the watcher is cancelled mid-check, an unshielded close
+            # would be cancelled too and leak the socket.
+            with anyio.CancelScope(shield=True):
+                await r.aclose()
         reachable.add(addr)
         state = info.get("cluster_state") if isinstance(info, dict) else None
         if state is None:
@@ -243,10 +246,13 @@ class ClusterWatcher:
                     await self._ensure_flags(client)
                     await tg.start(self._node_subscription, client, addr, changed)
                 ok.append(addr)
-            except Exception as exc:
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    await client.aclose()
+                if not isinstance(exc, Exception):
+                    raise
                 self._metrics.notification(self._service, "subscribe_failed")
                 log.warning("cannot subscribe on primary %s:%s (%s)", addr[0], addr[1], exc)
-                await client.aclose()
         return ok
 
     async def _node_subscription(

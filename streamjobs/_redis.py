@@ -34,7 +34,18 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     rex.ReadOnlyError,
     OSError,
 )
-_CLUSTER_TRANSIENT_TEXT = ("CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK ", "LOADING", "MASTERDOWN")
+# Error replies that mean "the topology is changing, try again": a failover
+# force-unblocks blocked reads with UNBLOCKED, a demoted primary answers READONLY.
+_CLUSTER_TRANSIENT_TEXT = (
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+    "ASK ",
+    "LOADING",
+    "MASTERDOWN",
+    "UNBLOCKED",
+    "READONLY",
+)
 
 
 def translate(exc: BaseException) -> BaseException:

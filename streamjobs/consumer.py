@@ -45,6 +45,7 @@ from .exceptions import (
     ConfigurationError,
     DeadLetter,
     InvalidAssignment,
+    RedisCommandError,
     RedisUnavailable,
     Retry,
     StreamJobsError,
@@ -130,9 +131,14 @@ class StreamConsumer(abc.ABC):
         self._recovery.check_against(self._config)
         if not isinstance(cluster_mode, ClusterMode):
             raise ConfigurationError("cluster_mode", "must be a ClusterMode")
-        if cluster_mode is ClusterMode.OSS and not hasattr(redis, "get_primaries"):
+        is_cluster_client = hasattr(redis, "get_primaries")
+        if cluster_mode is ClusterMode.OSS and not is_cluster_client:
             raise ConfigurationError(
                 "cluster_mode", "ClusterMode.OSS needs a redis.asyncio.RedisCluster client"
+            )
+        if cluster_mode is ClusterMode.NONE and is_cluster_client:
+            raise ConfigurationError(
+                "cluster_mode", "a RedisCluster client needs ClusterMode.OSS (or PROXY)"
             )
         self._keys = Keys(service, self._config.key_prefix)
         self._name = consumer_name or _default_consumer_name()
@@ -359,10 +365,13 @@ class StreamConsumer(abc.ABC):
                     batch = await self._gw.read_assignments(
                         self._name, free, self._config.read_block_ms
                     )
-                except RedisUnavailable as exc:
+                except (RedisUnavailable, RedisCommandError) as exc:
                     self._metrics.loop_error(self.service, "intake")
                     delay = backoff.next_delay()
-                    log.warning("intake: Redis unavailable (%s); retrying in %.2fs", exc, delay)
+                    log.warning("intake: %s; retrying in %.2fs", exc, delay)
+                    if "NOGROUP" in str(exc):  # the LBS or its group was deleted
+                        with contextlib.suppress(RedisUnavailable, RedisCommandError):
+                            await self._gw.ensure_group()
                     await anyio.sleep(delay)
                     continue
                 backoff.reset()
@@ -397,7 +406,7 @@ class StreamConsumer(abc.ABC):
                     error=str(exc),
                 ),
             )
-        except RedisUnavailable:
+        except (RedisUnavailable, RedisCommandError):
             # Still pending with no lock: the reconciliation scan dead-letters it later.
             self._metrics.loop_error(self.service, "intake")
             return
@@ -443,10 +452,11 @@ class StreamConsumer(abc.ABC):
                     self._owned[assignment.stream] = owned
                     self._metrics.stream_event(self.service, StreamEvent.ACQUIRED)
                     self._metrics.owned_streams(self.service, len(self._owned))
-                    with contextlib.suppress(RedisUnavailable):  # else the next heartbeat does
+                    # On failure the next heartbeat records the lease.
+                    with contextlib.suppress(RedisUnavailable, RedisCommandError):
                         await self._gw.record_leases([member], ttl_ms)
                     return owned
-            except RedisUnavailable:
+            except (RedisUnavailable, RedisCommandError):
                 self._metrics.loop_error(self.service, "acquire")
             if time.monotonic() >= give_up_at:
                 break
@@ -457,7 +467,7 @@ class StreamConsumer(abc.ABC):
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(_CLEANUP_TIMEOUT_S),
-            contextlib.suppress(RedisUnavailable),
+            contextlib.suppress(RedisUnavailable, RedisCommandError),
         ):
             await self._gw.requeue(assignment.id, "", None)
         return None
@@ -480,7 +490,7 @@ class StreamConsumer(abc.ABC):
                 ok, top, batch = await self._gw.fenced_read(
                     stream, owned.token, self._name, batch_size, owned.to_ack
                 )
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, RedisCommandError) as exc:
                 self._metrics.loop_error(self.service, "stream")
                 delay = backoff.next_delay()
                 log.warning(
@@ -533,7 +543,7 @@ class StreamConsumer(abc.ABC):
                 return
             try:
                 await self._gw.wait_for_entries(owned.stream, top, self._config.read_block_ms)
-            except RedisUnavailable:
+            except (RedisUnavailable, RedisCommandError):
                 self._metrics.loop_error(self.service, "stream")
                 await anyio.sleep(Backoff().next_delay())
         owned.wait_scope = None
@@ -624,7 +634,7 @@ class StreamConsumer(abc.ABC):
         while True:
             try:
                 _, trimmed = await self._gw.dead_letter_entry(fields + meta)
-            except RedisUnavailable:
+            except (RedisUnavailable, RedisCommandError):
                 self._metrics.loop_error(self.service, "stream")
                 if not await self._pause(owned, backoff.next_delay()):
                     return False
@@ -651,7 +661,7 @@ class StreamConsumer(abc.ABC):
                     owned.stream, owned.token, keep_ms, [*owned.to_ack, *eos]
                 )
                 break
-            except RedisUnavailable:
+            except (RedisUnavailable, RedisCommandError):
                 self._metrics.loop_error(self.service, "stream")
                 if not await self._pause(owned, backoff.next_delay()):
                     return _Result.STOPPED if not owned.lost else _Result.LOST
@@ -719,7 +729,7 @@ class StreamConsumer(abc.ABC):
                 return
             await self._gw.requeue(owned.assignment.id, owned.member, None)
             await self._gw.release(owned.stream, owned.token, -1)
-        except RedisUnavailable as exc:
+        except (RedisUnavailable, RedisCommandError) as exc:
             log.warning(
                 "could not hand back stream %r (%s): its lock will expire and it will be recovered",
                 owned.stream,
@@ -745,7 +755,7 @@ class StreamConsumer(abc.ABC):
                 results = await self._gw.extend_many(
                     [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
                 )
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, RedisCommandError) as exc:
                 # Tolerated up to the TTL: the local lease stops handing entries once it
                 # lapses, and an extend that succeeds later proves nobody took over.
                 self._metrics.heartbeat(self.service, False)
@@ -766,5 +776,5 @@ class StreamConsumer(abc.ABC):
                     self._mark_lost(o)
             try:
                 await self._gw.record_leases(members, cfg.lock_ttl_ms)
-            except RedisUnavailable:
+            except (RedisUnavailable, RedisCommandError):
                 self._metrics.loop_error(self.service, "heartbeat")

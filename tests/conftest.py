@@ -23,6 +23,12 @@ from redis import Redis as SyncRedis
 from redis import RedisError
 from redis.asyncio import Redis as AsyncRedis
 
+from tests._cluster_fixtures import (  # noqa: F401  (fixtures, shared session-wide)
+    cluster_client,
+    fresh_cluster,
+    redis_cluster,
+    require_cluster_binaries,
+)
 from tests._servers import (
     ENV_REDIS_URL,
     RedisServer,

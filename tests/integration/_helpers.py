@@ -7,8 +7,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
+from redis.asyncio.cluster import RedisCluster
 
-from streamjobs import Message, StreamConsumer
+from streamjobs import ClusterMode, Message, StreamConsumer
+
+
+def mode(client: Any) -> ClusterMode:
+    """The cluster mode that goes with a test client."""
+    return ClusterMode.OSS if isinstance(client, RedisCluster) else ClusterMode.NONE
 
 
 async def eventually(

@@ -13,7 +13,7 @@ from redis.asyncio import Redis as AsyncRedis
 from streamjobs import ConsumerConfig, DeadLetter, Message, Producer, RecoveryConfig
 from streamjobs._keys import Keys
 
-from ._helpers import Recorder, eventually
+from ._helpers import Recorder, eventually, mode
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +33,7 @@ def make(
     **cfg: Any,
 ) -> Recorder:
     config = dataclasses.replace(FAST, **cfg)
-    c = cls(redis, service=service, config=config, recovery=recovery)
+    c = cls(redis, service=service, config=config, recovery=recovery, cluster_mode=mode(redis))
     c._init_lists()
     return c
 

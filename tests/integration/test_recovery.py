@@ -20,7 +20,7 @@ from streamjobs import (
 from streamjobs._keys import Keys
 from tests._servers import RedisServerFactory
 
-from ._helpers import Recorder, eventually
+from ._helpers import Recorder, eventually, mode
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +43,7 @@ async def test_concurrent_claims_requeue_exactly_once(
     redis: AsyncRedis, service: str, uid: str
 ) -> None:
     [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
-    consumers = [Recorder(redis, service=service) for _ in range(8)]
+    consumers = [Recorder(redis, service=service, cluster_mode=mode(redis)) for _ in range(8)]
     outcomes: list[RequeueOutcome] = []
 
     async def claim(c: Recorder) -> None:
@@ -65,7 +65,7 @@ async def test_concurrent_claims_requeue_exactly_once(
 async def test_claim_skips_a_live_owner(redis: AsyncRedis, service: str, uid: str) -> None:
     [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
     await redis.set(Keys(service).lock(f"d:{uid}"), "alive:1", px=10_000)
-    c = Recorder(redis, service=service)
+    c = Recorder(redis, service=service, cluster_mode=mode(redis))
     assert await c.claim(aid) is RequeueOutcome.OWNER_ALIVE
     assert (await redis.xpending(Keys(service).assignments, service))["pending"] == 1
 
@@ -83,6 +83,7 @@ async def test_scanner_cursor_reaches_a_dead_entry_behind_live_ones(
     c = Recorder(
         redis,
         service=service,
+        cluster_mode=mode(redis),
         config=ConsumerConfig(lock_ttl_s=0.5, read_block_ms=50),
         recovery=RecoveryConfig(min_idle_s=0.6, interval_s=0.3, batch_size=5),
     )
@@ -178,7 +179,13 @@ async def test_dlq_is_trimmed_and_trimming_is_counted(
         pipe.xadd(keys.dead_letters, {"old": str(i)})
     await pipe.execute()
     metrics = Counting()
-    c = Recorder(redis, service=service, recovery=RecoveryConfig(dlq_maxlen=10), metrics=metrics)
+    c = Recorder(
+        redis,
+        service=service,
+        recovery=RecoveryConfig(dlq_maxlen=10),
+        metrics=metrics,
+        cluster_mode=mode(redis),
+    )
     c._init_lists()
     await redis.xadd(keys.assignments, {"info": "{}"})  # no stream: unparseable
     async with c:

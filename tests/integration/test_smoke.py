@@ -5,7 +5,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from streamjobs import ConsumerConfig, Producer, RecoveryConfig
 
-from ._helpers import Recorder, eventually
+from ._helpers import Recorder, eventually, mode
 
 pytestmark = pytest.mark.anyio
 
@@ -20,6 +20,7 @@ async def test_one_stream_end_to_end(redis: AsyncRedis, service: str, uid: str) 
     c = Recorder(
         redis,
         service=service,
+        cluster_mode=mode(redis),
         config=ConsumerConfig(lock_ttl_s=2, read_block_ms=50),
         recovery=RecoveryConfig(min_idle_s=3),
     )
