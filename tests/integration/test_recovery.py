@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from streamjobs import (
+    ClusterMode,
     ConsumerConfig,
     DeadLetterReason,
     NullRecorder,
@@ -199,3 +200,61 @@ async def test_dlq_is_trimmed_and_trimming_is_counted(
     assert metrics.trimmed > 0
     assert remaining == 301 - metrics.trimmed
     assert remaining < 301
+
+
+async def test_scripts_are_reloaded_after_script_flush(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """A promoted replica has an empty script cache; NOSCRIPT must be handled."""
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    c = Recorder(
+        redis,
+        service=service,
+        cluster_mode=mode(redis),
+        config=ConsumerConfig(lock_ttl_s=2, read_block_ms=50),
+    )
+    c._init_lists()
+    async with c:
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "0"})
+
+        async def first() -> bool:
+            return len(c.handled) == 1
+
+        await eventually(first)
+        await redis.script_flush()
+        await producer.append(stream, {"n": "1"})
+        await producer.close_stream(stream)
+
+        async def ended() -> bool:
+            return stream in c.ended
+
+        await eventually(ended)
+    assert [n for _, _, _, n in c.handled] == ["0", "1"]
+
+
+async def test_proxy_mode_subscribes_nothing_and_recovers_by_scanning(
+    redis_server_factory: RedisServerFactory, service: str, uid: str
+) -> None:
+    server = redis_server_factory()
+    client = AsyncRedis.from_url(server.url)
+    try:
+        stream = f"d:{uid}"
+        keys = Keys(service)
+        [aid] = await strand(client, service, [stream], "dead-owner")
+        now_s, now_us = await client.time()
+        await client.zadd(keys.leases, {aid: now_s * 1000 + now_us // 1000})
+        c = Recorder(client, service=service, cluster_mode=ClusterMode.PROXY)
+        c._init_lists()
+        async with c:
+            clients = await client.client_list()
+            assert not [x for x in clients if int(x.get("psub", 0)) > 0]
+
+            async def recovered() -> bool:
+                return stream in c.ended
+
+            await eventually(recovered, timeout_s=10)
+        assert await client.config_get("notify-keyspace-events") == {"notify-keyspace-events": ""}
+    finally:
+        await client.aclose()
