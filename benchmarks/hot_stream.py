@@ -26,11 +26,8 @@ import gc
 import os
 import platform
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -45,6 +42,7 @@ import redis.asyncio
 from redis.utils import HIREDIS_AVAILABLE
 
 from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+from streamjobs._local_redis import LocalRedisError, answers, private_redis
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 PAYLOAD_BYTES = 100
@@ -70,84 +68,17 @@ class Target:
     private: bool
 
 
-def answers(url: str, timeout_s: float = 0.5) -> bool:
-    """True if a Redis at ``url`` answers PING."""
-    try:
-        with redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        ) as client:
-            return bool(client.ping())
-    except (redis.RedisError, OSError):
-        return False
-
-
-def _free_port() -> int:
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in _RESERVED_PORTS:
-            return port
-    raise BenchmarkError("no free TCP port outside 6379-6400")
-
-
-@contextlib.contextmanager
-def private_redis(binary: str) -> Iterator[str]:
-    """Run a throw-away ``redis-server`` (foreground child, no persistence); yield its URL."""
-    directory = Path(tempfile.mkdtemp(prefix="streamjobs-bench-"))
-    port = _free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    args = [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--daemonize",
-        "no",
-        "--dir",
-        str(directory),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    log_path = directory / "redis.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=directory,
-        )
-    try:
-        deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
-        while not answers(url, timeout_s=0.2):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise BenchmarkError(f"private redis-server did not start on {url}:\n{tail}")
-            time.sleep(0.02)
-        yield url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 @contextlib.contextmanager
 def redis_target(url: str, use_url: bool) -> Iterator[Target]:
     """A private server unless ``use_url`` (or no ``redis-server`` binary is installed)."""
     if not use_url:
         binary = shutil.which("redis-server")
         if binary is not None:
-            with private_redis(binary) as private_url:
-                yield Target(private_url, private=True)
+            try:
+                with private_redis(binary, prefix="streamjobs-bench-") as server:
+                    yield Target(server.url, private=True)
+            except LocalRedisError as exc:
+                raise BenchmarkError(str(exc)) from exc
             return
         print(f"note: redis-server is not on PATH; using {url}", flush=True)
     if not answers(url, timeout_s=2.0):

@@ -21,7 +21,6 @@ import math
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import redis as redis_sync
 from redis.asyncio import Redis
 
 from ._keys import Keys
+from ._local_redis import LocalRedisError, PrivateRedis
 from .consumer import StreamConsumer
 from .exceptions import StreamJobsError
 from .message import Message
@@ -147,75 +147,6 @@ def _ping(url: str) -> bool:
         client.close()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class PrivateRedis:
-    """A throw-away ``redis-server`` child (no persistence) on a free local port."""
-
-    def __init__(self, binary: str) -> None:
-        self.binary = binary
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="streamjobs-demo-redis-"))
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> str:
-        """Start the server and wait until it answers PING; returns its URL."""
-        for _ in range(3):  # the free port can be taken between probe and bind
-            self.port = _free_port()
-            with (self._dir / "redis.log").open("ab") as log:
-                self.proc = subprocess.Popen(
-                    [
-                        self.binary,
-                        "--port",
-                        str(self.port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                        "--daemonize",
-                        "no",
-                        "--dir",
-                        str(self._dir),
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
-            deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                if _ping(self.url):
-                    return self.url
-                time.sleep(0.05)
-            self._stop_proc()
-        raise DemoError(f"could not start a private redis-server (see {self._dir / 'redis.log'})")
-
-    def _stop_proc(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def stop(self) -> None:
-        self._stop_proc()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
 @contextlib.contextmanager
 def _redis_for(url: str) -> Iterator[str]:
     """The URL to use: ``url`` if it answers, else a private server for the block.
@@ -232,9 +163,12 @@ def _redis_for(url: str) -> Iterator[str]:
             f"no Redis answers at {url} and redis-server is not on PATH: "
             "start a Redis or pass --redis-url"
         )
-    server = PrivateRedis(binary)
+    server = PrivateRedis(binary, prefix="streamjobs-demo-redis-")
     try:
-        private_url = server.start()
+        try:
+            private_url = server.start()
+        except LocalRedisError as exc:
+            raise DemoError(str(exc).splitlines()[0]) from None
         assert server.proc is not None
         print(
             f"demo: no Redis at {url}; started a private redis-server on "
