@@ -20,7 +20,6 @@ from .exceptions import RedisCommandError as RedisCommandError
 from .exceptions import RedisUnavailable as RedisUnavailable
 from .exceptions import Retry as Retry
 from .exceptions import StreamJobsError as StreamJobsError
-from .exceptions import StreamLost as StreamLost
 from .message import Message as Message
 from .metrics import DeadLetterReason as DeadLetterReason
 from .metrics import MetricsRecorder as MetricsRecorder
@@ -51,7 +50,6 @@ __all__ = (
     "StreamConsumer",
     "StreamEvent",
     "StreamJobsError",
-    "StreamLost",
 )
 
 __version__ = "0.1.0"

@@ -14,10 +14,6 @@ class Backoff:
         self._n = 0
         self._rng = rng or random.Random()
 
-    @property
-    def failures(self) -> int:
-        return self._n
-
     def next_delay(self) -> float:
         ceiling = min(self._cap, self._base * (2 ** min(self._n, 30)))
         self._n += 1

@@ -232,7 +232,7 @@ class RecoveryLoops:
                         subscribe,
                         self._client,
                         pattern,
-                        self._on_expired_after_resubscribe,
+                        self.wake_sweep,
                         self._metrics,
                         self._service,
                     )
@@ -244,6 +244,3 @@ class RecoveryLoops:
                 self._metrics.loop_error(self._service, "subscriber")
                 log.warning("keyspace subscription lost (%s); re-subscribing", exc)
                 await anyio.sleep(backoff.next_delay())
-
-    def _on_expired_after_resubscribe(self) -> None:
-        self.wake_sweep()

@@ -313,11 +313,6 @@ class Gateway:
         return int(r) == 1
 
     @translated
-    async def lock_pttl(self, stream: str) -> int:
-        """PTTL of the lock (-2: gone). Touching the key makes Redis expire it now."""
-        return int(await self.client.pttl(self.keys.lock(stream)))
-
-    @translated
     async def lock_exists(self, stream: str) -> bool:
         return int(await self.client.exists(self.keys.lock(stream))) == 1
 
@@ -325,19 +320,3 @@ class Gateway:
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
         r = await self.scripts.sweep(keys=[self.keys.leases], args=[horizon_ms, limit, recheck_ms])
         return [text(m) for m in r]
-
-    @translated
-    async def forget_lease(self, member: str) -> None:
-        await self.client.zrem(self.keys.leases, member)
-
-    @translated
-    async def defer_lease(self, member: str, delay_ms: int) -> None:
-        """Push an existing lease member's check ``delay_ms`` into the future (server time)."""
-        now_s, now_us = await self.client.time()
-        await self.client.zadd(
-            self.keys.leases, {member: now_s * 1000 + now_us // 1000 + delay_ms}, xx=True
-        )
-
-    @translated
-    async def ping(self) -> None:
-        await self.client.ping()

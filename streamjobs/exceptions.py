@@ -12,7 +12,6 @@ translated at one boundary (``streamjobs._redis``) and chained with
     ├── InvalidAssignment         an assignment entry that cannot be parsed
     ├── RedisUnavailable          connection refused/reset, timeout, server loading
     ├── RedisCommandError         Redis answered with an error we did not expect
-    ├── StreamLost                this consumer no longer owns the stream (fenced op refused)
     ├── ClusterNotSettled         reset_topology() found the cluster mid-change
     └── HandlerDirective          raised by handle() to steer what happens to an entry
         ├── Retry                 retry this entry after delay_s
@@ -59,14 +58,6 @@ class RedisUnavailable(StreamJobsError, ConnectionError):
 
 class RedisCommandError(StreamJobsError):
     """Redis answered a command with an unexpected error."""
-
-
-class StreamLost(StreamJobsError):
-    """The consumer's lock on a stream is gone or belongs to someone else."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(f"lost ownership of stream {stream!r}")
-        self.stream = stream
 
 
 class ClusterNotSettled(StreamJobsError):
