@@ -103,8 +103,9 @@ class Recoverer:
         """
         fields = await self._gw.fetch_assignment(assignment_id)
         if fields is None:
-            # Deleted: finished, or re-queued by someone else. Clear a stale PEL entry.
-            await self._gw.requeue(assignment_id, "", None)
+            # Deleted: finished, or re-queued by someone else. Clear a stale PEL entry
+            # and any lease left under this id.
+            await self._gw.requeue(assignment_id, assignment_id, None)
             return self._count(RequeueOutcome.LOST_RACE)
         try:
             parsed: Assignment | InvalidAssignment = parse_assignment(assignment_id, fields)

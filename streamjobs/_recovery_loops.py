@@ -26,9 +26,8 @@ import anyio.abc
 from ._backoff import Backoff
 from ._notifications import ClusterWatcher, subscribe
 from ._recovery import Recoverer
-from ._redis import Gateway, text, translated
+from ._redis import REDIS_FAILURES, Gateway, text, translated
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
-from .exceptions import RedisCommandError, RedisUnavailable
 from .metrics import MetricsRecorder
 
 log = logging.getLogger("streamjobs.recovery")
@@ -129,7 +128,7 @@ class RecoveryLoops:
                 while await self.sweep_once(horizon_ms if woken else 0) == _SWEEP_LIMIT:
                     pass
                 backoff.reset()
-            except (RedisUnavailable, RedisCommandError) as exc:
+            except REDIS_FAILURES as exc:
                 self._metrics.loop_error(self._service, "sweep")
                 log.warning("lease sweep failed (%s)", exc)
                 await anyio.sleep(backoff.next_delay())
@@ -162,7 +161,7 @@ class RecoveryLoops:
                 await self.scan_once()
                 backoff.reset()
                 wait = self._cfg.interval_s * (1 + self._rng.uniform(0, self._cfg.jitter_fraction))
-            except (RedisUnavailable, RedisCommandError) as exc:
+            except REDIS_FAILURES as exc:
                 self._metrics.loop_error(self._service, "scan")
                 log.warning("reconciliation scan failed (%s)", exc)
                 wait = backoff.next_delay()

@@ -48,6 +48,11 @@ _CLUSTER_TRANSIENT_TEXT = (
 )
 
 
+# Everything this boundary raises for a failed command: loops catch this, back off and
+# carry on, so that no Redis failure (transient or not) kills a loop.
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, RedisCommandError)
+
+
 def translate(exc: BaseException) -> BaseException:
     """Map a redis-py (or socket) exception to the streamjobs tree."""
     if isinstance(exc, _TRANSIENT):
@@ -272,9 +277,11 @@ class Gateway:
         return [int(r) == 1 for r in replies]
 
     @translated
-    async def record_leases(self, members: Sequence[str], ttl_ms: int) -> None:
+    async def record_leases(self, members: Sequence[str], ttl_ms: int, *, new: bool) -> None:
+        """Write lease deadlines (server time + ``ttl_ms``); ``new`` False only updates."""
         if members:
-            await self.scripts.lease(keys=[self.keys.leases], args=[ttl_ms, *members])
+            mode = "add" if new else "update"
+            await self.scripts.lease(keys=[self.keys.leases], args=[mode, ttl_ms, *members])
 
     @translated
     async def fenced_read(

@@ -39,14 +39,12 @@ from ._backoff import Backoff
 from ._keys import Keys
 from ._recovery import Recoverer, dlq_meta
 from ._recovery_loops import RecoveryLoops
-from ._redis import Gateway, RawFields
+from ._redis import REDIS_FAILURES, Gateway, RawFields
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .exceptions import (
     ConfigurationError,
     DeadLetter,
     InvalidAssignment,
-    RedisCommandError,
-    RedisUnavailable,
     Retry,
     StreamJobsError,
 )
@@ -365,12 +363,12 @@ class StreamConsumer(abc.ABC):
                     batch = await self._gw.read_assignments(
                         self._name, free, self._config.read_block_ms
                     )
-                except (RedisUnavailable, RedisCommandError) as exc:
+                except REDIS_FAILURES as exc:
                     self._metrics.loop_error(self.service, "intake")
                     delay = backoff.next_delay()
                     log.warning("intake: %s; retrying in %.2fs", exc, delay)
                     if "NOGROUP" in str(exc):  # the LBS or its group was deleted
-                        with contextlib.suppress(RedisUnavailable, RedisCommandError):
+                        with contextlib.suppress(*REDIS_FAILURES):
                             await self._gw.ensure_group()
                     await anyio.sleep(delay)
                     continue
@@ -406,7 +404,7 @@ class StreamConsumer(abc.ABC):
                     error=str(exc),
                 ),
             )
-        except (RedisUnavailable, RedisCommandError):
+        except REDIS_FAILURES:
             # Still pending with no lock: the reconciliation scan dead-letters it later.
             self._metrics.loop_error(self.service, "intake")
             return
@@ -452,11 +450,12 @@ class StreamConsumer(abc.ABC):
                     self._owned[assignment.stream] = owned
                     self._metrics.stream_event(self.service, StreamEvent.ACQUIRED)
                     self._metrics.owned_streams(self.service, len(self._owned))
-                    # On failure the next heartbeat records the lease.
-                    with contextlib.suppress(RedisUnavailable, RedisCommandError):
-                        await self._gw.record_leases([member], ttl_ms)
+                    # Without a lease record (Redis failed here) a crash is still found,
+                    # by the XPENDING scan after min_idle_s instead of the lease sweep.
+                    with contextlib.suppress(*REDIS_FAILURES):
+                        await self._gw.record_leases([member], ttl_ms, new=True)
                     return owned
-            except (RedisUnavailable, RedisCommandError):
+            except REDIS_FAILURES:
                 self._metrics.loop_error(self.service, "acquire")
             if time.monotonic() >= give_up_at:
                 break
@@ -467,7 +466,7 @@ class StreamConsumer(abc.ABC):
         with (
             anyio.CancelScope(shield=True),
             anyio.move_on_after(_CLEANUP_TIMEOUT_S),
-            contextlib.suppress(RedisUnavailable, RedisCommandError),
+            contextlib.suppress(*REDIS_FAILURES),
         ):
             await self._gw.requeue(assignment.id, "", None)
         return None
@@ -490,7 +489,7 @@ class StreamConsumer(abc.ABC):
                 ok, top, batch = await self._gw.fenced_read(
                     stream, owned.token, self._name, batch_size, owned.to_ack
                 )
-            except (RedisUnavailable, RedisCommandError) as exc:
+            except REDIS_FAILURES as exc:
                 self._metrics.loop_error(self.service, "stream")
                 delay = backoff.next_delay()
                 log.warning(
@@ -543,7 +542,7 @@ class StreamConsumer(abc.ABC):
                 return
             try:
                 await self._gw.wait_for_entries(owned.stream, top, self._config.read_block_ms)
-            except (RedisUnavailable, RedisCommandError):
+            except REDIS_FAILURES:
                 self._metrics.loop_error(self.service, "stream")
                 await anyio.sleep(Backoff().next_delay())
         owned.wait_scope = None
@@ -634,7 +633,7 @@ class StreamConsumer(abc.ABC):
         while True:
             try:
                 _, trimmed = await self._gw.dead_letter_entry(fields + meta)
-            except (RedisUnavailable, RedisCommandError):
+            except REDIS_FAILURES:
                 self._metrics.loop_error(self.service, "stream")
                 if not await self._pause(owned, backoff.next_delay()):
                     return False
@@ -661,7 +660,7 @@ class StreamConsumer(abc.ABC):
                     owned.stream, owned.token, keep_ms, [*owned.to_ack, *eos]
                 )
                 break
-            except (RedisUnavailable, RedisCommandError):
+            except REDIS_FAILURES:
                 self._metrics.loop_error(self.service, "stream")
                 if not await self._pause(owned, backoff.next_delay()):
                     return _Result.STOPPED if not owned.lost else _Result.LOST
@@ -729,7 +728,7 @@ class StreamConsumer(abc.ABC):
                 return
             await self._gw.requeue(owned.assignment.id, owned.member, None)
             await self._gw.release(owned.stream, owned.token, -1)
-        except (RedisUnavailable, RedisCommandError) as exc:
+        except REDIS_FAILURES as exc:
             log.warning(
                 "could not hand back stream %r (%s): its lock will expire and it will be recovered",
                 owned.stream,
@@ -755,7 +754,7 @@ class StreamConsumer(abc.ABC):
                 results = await self._gw.extend_many(
                     [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
                 )
-            except (RedisUnavailable, RedisCommandError) as exc:
+            except REDIS_FAILURES as exc:
                 # Tolerated up to the TTL: the local lease stops handing entries once it
                 # lapses, and an extend that succeeds later proves nobody took over.
                 self._metrics.heartbeat(self.service, False)
@@ -775,6 +774,6 @@ class StreamConsumer(abc.ABC):
                 else:
                     self._mark_lost(o)
             try:
-                await self._gw.record_leases(members, cfg.lock_ttl_ms)
-            except (RedisUnavailable, RedisCommandError):
+                await self._gw.record_leases(members, cfg.lock_ttl_ms, new=False)
+            except REDIS_FAILURES:
                 self._metrics.loop_error(self.service, "heartbeat")

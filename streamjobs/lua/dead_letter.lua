@@ -9,11 +9,11 @@
 -- ARGV[5..] metadata field/value pairs (_dlq_reason, _retry_count, ...); they replace
 --           original fields of the same name. _dead_at_ms is added from server time.
 -- Returns {dlq_entry_id, entries_trimmed}, or false if the entry was not pending.
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return false
-end
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
+end
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return false
 end
 local meta = {}
 for i = 5, #ARGV, 2 do

@@ -8,11 +8,13 @@
 -- ARGV[3]  lease member to forget ('' for none)
 -- ARGV[4]  new _retry_count ('' keeps the entry's own value: graceful hand-back)
 -- Returns the new entry id, or false if the entry was not pending / no longer exists.
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return false
-end
+-- The lease is forgotten either way: an entry that is not pending under this id has
+-- no live lease under it.
 if ARGV[3] ~= '' then
   redis.call('ZREM', KEYS[2], ARGV[3])
+end
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return false
 end
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 if #found == 0 then

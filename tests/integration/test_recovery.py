@@ -258,3 +258,22 @@ async def test_proxy_mode_subscribes_nothing_and_recovers_by_scanning(
         assert await client.config_get("notify-keyspace-events") == {"notify-keyspace-events": ""}
     finally:
         await client.aclose()
+
+
+async def test_no_lease_outlives_its_assignment(redis: AsyncRedis, service: str, uid: str) -> None:
+    """A heartbeat racing a finish must not re-create the finished stream's lease, and
+    recovery of an entry that no longer exists forgets any lease left under its id."""
+    keys = Keys(service)
+    c = Recorder(redis, service=service, cluster_mode=mode(redis))
+    gw = c._gw
+    await gw.record_leases(["1-1"], 5000, new=False)  # heartbeat after finish.lua's ZREM
+    assert await redis.zcard(keys.leases) == 0
+    await gw.record_leases(["1-2"], 5000, new=True)
+    await gw.record_leases(["1-2"], 9000, new=False)
+    assert await redis.zcard(keys.leases) == 1
+    [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
+    await redis.zadd(keys.leases, {aid: 1})
+    await redis.xdel(keys.assignments, aid)  # finished elsewhere; PEL and lease left
+    assert await c.claim(aid) is RequeueOutcome.LOST_RACE
+    assert await redis.zscore(keys.leases, aid) is None
+    assert (await redis.xpending(keys.assignments, service))["pending"] == 0
