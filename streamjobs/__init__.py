@@ -6,6 +6,7 @@ with :class:`Producer`. See README.md and docs/.
 
 from __future__ import annotations
 
+from ._deadletter import DeadLetterReason as DeadLetterReason
 from .config import ClusterMode as ClusterMode
 from .config import ConsumerConfig as ConsumerConfig
 from .config import RecoveryConfig as RecoveryConfig
@@ -16,12 +17,14 @@ from .exceptions import DeadLetter as DeadLetter
 from .exceptions import HandlerDirective as HandlerDirective
 from .exceptions import InvalidAssignment as InvalidAssignment
 from .exceptions import InvalidStreamName as InvalidStreamName
+from .exceptions import NoSuchGroup as NoSuchGroup
 from .exceptions import RedisCommandError as RedisCommandError
 from .exceptions import RedisUnavailable as RedisUnavailable
 from .exceptions import Retry as Retry
+from .exceptions import ScriptError as ScriptError
 from .exceptions import StreamJobsError as StreamJobsError
+from .exceptions import WrongKeyType as WrongKeyType
 from .message import Message as Message
-from .metrics import DeadLetterReason as DeadLetterReason
 from .metrics import MetricsRecorder as MetricsRecorder
 from .metrics import NullRecorder as NullRecorder
 from .metrics import RequeueOutcome as RequeueOutcome
@@ -40,6 +43,7 @@ __all__ = (
     "InvalidStreamName",
     "Message",
     "MetricsRecorder",
+    "NoSuchGroup",
     "NullRecorder",
     "Producer",
     "RecoveryConfig",
@@ -47,9 +51,11 @@ __all__ = (
     "RedisUnavailable",
     "RequeueOutcome",
     "Retry",
+    "ScriptError",
     "StreamConsumer",
     "StreamEvent",
     "StreamJobsError",
+    "WrongKeyType",
 )
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """Every Redis key name streamjobs uses, and the cluster-slot rules behind them.
 
-No other module builds a key by hand. The rules (SPEC §2):
+No other module builds a key by hand. The rules (docs/design.md#keys):
 
 * The assignment stream (LBS), the dead-letter stream and the lease index of a
   service share the hash tag ``{service}``, so moves between them are single-slot

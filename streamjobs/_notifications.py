@@ -1,4 +1,10 @@
-"""Keyspace expiry subscriptions: one on a standalone server, one per cluster primary.
+"""Keyspace notifications: the flags they need, and expiry subscriptions.
+
+This module owns the pub/sub connections and the plain clients pinned to one
+cluster node that carry them; the commands it needs besides PSUBSCRIBE go through
+``_redis``.
+
+One subscription on a standalone server, one per cluster primary.
 
 Redis publishes a keyspace event only on the node that owns the key, replicas
 publish no ``expired`` events, and keyspace events are classic (not sharded)
@@ -24,14 +30,16 @@ import anyio.abc
 from redis.asyncio import Redis
 
 from ._backoff import Backoff
-from ._redis import text
+from ._redis import REDIS_FAILURES, Addr, SlotMap, cluster_state, get_config, set_config, text
 from .exceptions import ClusterNotSettled, RedisUnavailable
 from .metrics import MetricsRecorder
 
 log = logging.getLogger("streamjobs.notifications")
 
-Addr = tuple[str, int]
-SlotMap = dict[tuple[int, int], Addr]
+KEYSPACE_EVENTS = "notify-keyspace-events"
+# ``A`` is an alias for ``g$lshzxetd`` (and more on newer servers), so it already
+# covers ``x``; ``K``/``E`` are never implied by ``A``.
+_ALIAS_A = frozenset("g$lshzxetd")
 
 # Connection settings copied from the cluster client to per-node clients.
 _NODE_KWARGS = (
@@ -56,18 +64,49 @@ def node_client(cluster: Any, addr: Addr) -> Redis:
     return Redis(host=addr[0], port=addr[1], **picked)
 
 
-def parse_slots(reply: Any) -> SlotMap:
-    """CLUSTER SLOTS in either redis-py shape (raw list, or parsed dict)."""
-    out: SlotMap = {}
-    if isinstance(reply, dict):
-        for (lo, hi), info in reply.items():
-            host, port = info["primary"][:2]
-            out[(int(lo), int(hi))] = (text(host), int(port))
-        return out
-    for item in reply or ():
-        lo, hi, primary = item[0], item[1], item[2]
-        out[(int(lo), int(hi))] = (text(primary[0]), int(primary[1]))
-    return out
+def merge_flags(current: str, needed: str) -> str | None:
+    """The ``notify-keyspace-events`` value with ``needed`` merged in, or None if no change."""
+    have = set(current)
+    missing = [f for f in needed if f not in have and not ("A" in have and f in _ALIAS_A)]
+    if not missing:
+        return None
+    return current + "".join(missing)
+
+
+async def ensure_keyspace_events(client: Any, needed: str, *, configure: bool) -> bool:
+    """Make sure ``notify-keyspace-events`` on ``client``'s node has ``needed``.
+
+    Merges with the flags already set (never drops one somebody else needs). With
+    ``configure`` False it never runs CONFIG SET and only warns. Never raises for a
+    refused or renamed CONFIG (managed Redis): it warns and returns False, and
+    recovery then relies on the scanner.
+
+    Returns:
+        True if the flags are set.
+    """
+    try:
+        current = await get_config(client, KEYSPACE_EVENTS)
+    except REDIS_FAILURES as exc:
+        log.warning("cannot read %s (%s): relying on the scanner", KEYSPACE_EVENTS, exc)
+        return False
+    merged = merge_flags(current, needed)
+    if merged is None:
+        return True
+    if not configure:
+        log.warning(
+            "%s is %r and lacks %r; not changing it (configure_keyspace_events=False): "
+            "recovery relies on the scanner",
+            KEYSPACE_EVENTS,
+            current,
+            needed,
+        )
+        return False
+    try:
+        await set_config(client, KEYSPACE_EVENTS, merged)
+    except REDIS_FAILURES as exc:
+        log.warning("cannot set %s (%s): relying on the scanner", KEYSPACE_EVENTS, exc)
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +136,8 @@ async def cluster_view(cluster: Any) -> ClusterView:
         r = node_client(cluster, addr)
         try:
             with anyio.fail_after(3):
-                info = await r.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
-                slots = await r.execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
-        except Exception as exc:
+                state, slots = await cluster_state(r)
+        except Exception as exc:  # any odd answer counts as unreachable
             problems.append(f"{addr[0]}:{addr[1]} unreachable ({type(exc).__name__})")
             continue
         finally:
@@ -108,12 +146,9 @@ async def cluster_view(cluster: Any) -> ClusterView:
             with anyio.CancelScope(shield=True):
                 await r.aclose()
         reachable.add(addr)
-        state = info.get("cluster_state") if isinstance(info, dict) else None
-        if state is None:
-            state = "ok" if "cluster_state:ok" in text(info) else "fail"
-        if text(state) != "ok":
-            problems.append(f"{addr[0]}:{addr[1]} reports cluster_state:{text(state)}")
-        views[addr] = parse_slots(slots)
+        if state != "ok":
+            problems.append(f"{addr[0]}:{addr[1]} reports cluster_state:{state}")
+        views[addr] = slots
     if not views:
         raise RedisUnavailable("no cluster node answered: " + "; ".join(problems))
     maps = list(views.values())

@@ -1,7 +1,8 @@
 """Recovery of pending assignments whose owner is gone: a pure decision, then thin I/O.
 
 The same primitive serves the keyspace-notification path, the lease sweep, the
-XPENDING reconciliation scan and ``StreamConsumer.claim()`` (SPEC §4).
+XPENDING reconciliation scan and ``StreamConsumer.claim()``
+(docs/design.md#recovery, docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._assignment import Assignment, parse_assignment, parse_retry_count
-from ._redis import Gateway, RawFields
+from ._deadletter import DeadLetterReason, assignment_meta
+from ._redis import RawFields, StreamGateway
+from ._wire import Assignment, parse_assignment, parse_retry_count
 from .exceptions import InvalidAssignment
-from .metrics import DeadLetterReason, MetricsRecorder, RequeueOutcome
+from .metrics import MetricsRecorder, RequeueOutcome
 
 
 class Action(enum.Enum):
@@ -60,34 +62,11 @@ def _safe_retry(fields: RawFields) -> int:
         return 0
 
 
-def dlq_meta(
-    reason: DeadLetterReason,
-    *,
-    retry_count: int,
-    source_stream: str,
-    source_id: str,
-    owner: str,
-    error: str = "",
-) -> list[tuple[str, str]]:
-    """The metadata fields of a dead-letter entry (SPEC §2)."""
-    meta = [
-        ("_dlq_reason", reason.value),
-        ("_retry_count", str(retry_count)),
-        ("_source_stream", source_stream),
-        ("_source_id", source_id),
-    ]
-    if owner:
-        meta.append(("_owner", owner))
-    if error:
-        meta.append(("_error", error[:1000]))
-    return meta
-
-
 class Recoverer:
     """Carries out recovery decisions for one service."""
 
     def __init__(
-        self, gateway: Gateway, *, max_retries: int, metrics: MetricsRecorder, service: str
+        self, gateway: StreamGateway, *, max_retries: int, metrics: MetricsRecorder, service: str
     ) -> None:
         self._gw = gateway
         self._max_retries = max_retries
@@ -105,14 +84,13 @@ class Recoverer:
         if fields is None:
             # Deleted: finished, or re-queued by someone else. Clear a stale PEL entry
             # and any lease left under this id.
-            await self._gw.requeue(assignment_id, assignment_id, None)
+            await self._gw.requeue(assignment_id, None)
             return self._count(RequeueOutcome.LOST_RACE)
         try:
             parsed: Assignment | InvalidAssignment = parse_assignment(assignment_id, fields)
         except InvalidAssignment as exc:
             parsed = exc
         lock_exists = False
-        member = assignment_id
         if isinstance(parsed, Assignment):
             lock_exists = await self._gw.lock_exists(parsed.stream)
         decision = decide(
@@ -124,31 +102,44 @@ class Recoverer:
         if decision.action is Action.SKIP_ALIVE:
             return self._count(RequeueOutcome.OWNER_ALIVE)
         if decision.action is Action.REQUEUE:
-            new_id = await self._gw.requeue(assignment_id, member, decision.retry_count)
+            new_id = await self._gw.requeue(assignment_id, decision.retry_count)
             return self._count(
                 RequeueOutcome.LOST_RACE if new_id is None else RequeueOutcome.REQUEUED
             )
         assert decision.reason is not None
         if not owner:
             owner = await self._gw.pending_owner(assignment_id)
-        moved = await self._gw.dead_letter_assignment(
-            assignment_id,
-            member,
-            dlq_meta(
-                decision.reason,
-                retry_count=decision.retry_count,
-                source_stream=self._gw.keys.assignments,
-                source_id=assignment_id,
-                owner=owner,
-                error=decision.error,
-            ),
+        moved = await self._dead_letter(
+            assignment_id, decision.reason, decision.retry_count, owner, decision.error
         )
+        return self._count(RequeueOutcome.DEAD_LETTERED if moved else RequeueOutcome.LOST_RACE)
+
+    async def dead_letter_unparseable(
+        self, assignment_id: str, fields: RawFields, error: InvalidAssignment, *, owner: str
+    ) -> bool:
+        """Dead-letter an assignment intake could not parse; False if it was not pending."""
+        return await self._dead_letter(
+            assignment_id, DeadLetterReason.UNPARSEABLE, _safe_retry(fields), owner, str(error)
+        )
+
+    async def _dead_letter(
+        self, assignment_id: str, reason: DeadLetterReason, retry_count: int, owner: str, error: str
+    ) -> bool:
+        meta = assignment_meta(
+            reason,
+            retry_count=retry_count,
+            assignment_stream=self._gw.keys.assignments,
+            assignment_id=assignment_id,
+            owner=owner,
+            error=error,
+        )
+        moved = await self._gw.dead_letter_assignment(assignment_id, meta)
         if moved is None:
-            return self._count(RequeueOutcome.LOST_RACE)
-        self._metrics.dead_lettered(self._service, decision.reason)
+            return False
+        self._metrics.dead_lettered(self._service, reason)
         if moved[1] > 0:
             self._metrics.dlq_trimmed(self._service, moved[1])
-        return self._count(RequeueOutcome.DEAD_LETTERED)
+        return True
 
     def _count(self, outcome: RequeueOutcome) -> RequeueOutcome:
         self._metrics.requeue(self._service, outcome)

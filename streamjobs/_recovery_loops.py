@@ -1,4 +1,4 @@
-"""The background loops that find dead owners (SPEC §4); see docs/recovery.md.
+"""The background loops that find dead owners (docs/design.md#recovery, docs/recovery.md).
 
 * Lease sweep (every ``lease_check_interval_s``, and soon after any lock-expiry
   event): takes the assignments whose recorded lock deadline has passed from the
@@ -24,9 +24,9 @@ import anyio
 import anyio.abc
 
 from ._backoff import Backoff
-from ._notifications import ClusterWatcher, subscribe
+from ._notifications import ClusterWatcher, ensure_keyspace_events, subscribe
 from ._recovery import Recoverer
-from ._redis import REDIS_FAILURES, Gateway, text, translated
+from ._redis import REDIS_FAILURES, StreamGateway, client_db
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder
 
@@ -35,27 +35,13 @@ log = logging.getLogger("streamjobs.recovery")
 _SWEEP_LIMIT = 100
 
 
-def merge_flags(current: str, needed: str) -> str | None:
-    """The ``notify-keyspace-events`` value with ``needed`` merged in, or None if no change.
-
-    ``A`` is an alias for ``g$lshzxetd`` (and more on newer servers), so it already
-    covers ``x``; ``K``/``E`` are never implied by ``A``.
-    """
-    have = set(current)
-    alias_a = set("g$lshzxetd")
-    missing = [f for f in needed if f not in have and not ("A" in have and f in alias_a)]
-    if not missing:
-        return None
-    return current + "".join(missing)
-
-
 class RecoveryLoops:
     """Runs the recovery loops of one consumer."""
 
     def __init__(
         self,
         client: Any,
-        gateway: Gateway,
+        gateway: StreamGateway,
         recoverer: Recoverer,
         *,
         recovery: RecoveryConfig,
@@ -169,47 +155,17 @@ class RecoveryLoops:
 
     # -- keyspace notifications ------------------------------------------------------
 
-    @translated
     async def ensure_keyspace_events(self, client: Any = None) -> bool:
-        """Make sure ``notify-keyspace-events`` has our flags; True if they are set.
-
-        Merges with the flags already set (never drops one somebody else needs). With
-        ``configure_keyspace_events=False`` it never runs CONFIG SET and only warns.
-        """
-        client = client or self._client
-        try:
-            current = text(
-                (await client.config_get("notify-keyspace-events")).get(
-                    "notify-keyspace-events", ""
-                )
-                or ""
-            )
-        except Exception as exc:  # CONFIG may be renamed or forbidden on managed Redis
-            log.warning("cannot read notify-keyspace-events (%s): relying on the scanner", exc)
-            return False
-        merged = merge_flags(current, self._cfg.keyspace_flags)
-        if merged is None:
-            return True
-        if not self._cfg.configure_keyspace_events:
-            log.warning(
-                "notify-keyspace-events is %r and lacks %r; not changing it "
-                "(configure_keyspace_events=False): recovery relies on the scanner",
-                current,
-                self._cfg.keyspace_flags,
-            )
-            return False
-        try:
-            await client.config_set("notify-keyspace-events", merged)
-        except Exception as exc:
-            log.warning("cannot set notify-keyspace-events (%s): relying on the scanner", exc)
-            return False
-        return True
+        """Merge the needed flags into ``notify-keyspace-events`` (see ``_notifications``)."""
+        return await ensure_keyspace_events(
+            client or self._client,
+            self._cfg.keyspace_flags,
+            configure=self._cfg.configure_keyspace_events,
+        )
 
     def _channel_pattern(self) -> str:
-        if self._mode is ClusterMode.OSS:
-            db = 0  # a cluster has only database 0
-        else:
-            db = self._client.connection_pool.connection_kwargs.get("db", 0)
+        # A cluster has only database 0.
+        db = 0 if self._mode is ClusterMode.OSS else client_db(self._client)
         return f"__keyspace@{db}__:{self._gw.keys.lock_pattern}"
 
     async def reset_topology(self) -> None:

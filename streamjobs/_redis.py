@@ -1,28 +1,52 @@
-"""The only module that issues Redis commands; redis-py errors are translated here.
+"""The Redis boundary: every command streamjobs issues, and error translation.
 
-Callers get :class:`~streamjobs.RedisUnavailable` for anything transient
-(connection refused or reset, timeouts, LOADING, CLUSTERDOWN, TRYAGAIN, failover)
-and :class:`~streamjobs.RedisCommandError` for an error reply we did not expect.
+Three kinds of connection, each with one owner:
+
+* commands on the client the user passed in (assignment stream, locks, data
+  streams, dead letters, lease index, producer writes): :class:`Gateway`, here;
+* administrative commands on any client, including a plain client pinned to one
+  cluster node (``CONFIG GET/SET notify-keyspace-events``, ``CLUSTER INFO/SLOTS``):
+  the module functions here;
+* pub/sub connections (``PSUBSCRIBE`` to keyspace events): ``_notifications``,
+  which opens them on the per-node clients it makes.
+
+redis-py errors are translated here and nowhere else. Callers get
+:class:`~streamjobs.RedisUnavailable` for anything transient (connection refused or
+reset, timeouts, LOADING, CLUSTERDOWN, TRYAGAIN, a failover's UNBLOCKED or
+READONLY) and a :class:`~streamjobs.RedisCommandError` for an error reply that
+retrying will not fix, classified into :class:`~streamjobs.NoSuchGroup`,
+:class:`~streamjobs.WrongKeyType` and (inside our scripts)
+:class:`~streamjobs.ScriptError`. Nobody outside this module looks at message text.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from redis import exceptions as rex
 
+from ._deadletter import DEAD_AT_FIELD, Pairs, flatten
 from ._keys import Keys
 from ._scripts import Scripts
-from .exceptions import RedisCommandError, RedisUnavailable
+from ._wire import RETRY_FIELD
+from .exceptions import (
+    NoSuchGroup,
+    RedisCommandError,
+    RedisUnavailable,
+    ScriptError,
+    WrongKeyType,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 RawFields = dict[str, bytes | str]
 Entry = tuple[str, dict[str, str]]
+Addr = tuple[str, int]
+SlotMap = dict[tuple[int, int], Addr]
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
     rex.ConnectionError,
@@ -32,11 +56,12 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     rex.TryAgainError,
     rex.MasterDownError,
     rex.ReadOnlyError,
+    rex.RedisClusterException,  # not a RedisError: a cluster with no reachable node
     OSError,
 )
 # Error replies that mean "the topology is changing, try again": a failover
 # force-unblocks blocked reads with UNBLOCKED, a demoted primary answers READONLY.
-_CLUSTER_TRANSIENT_TEXT = (
+_TRANSIENT_PREFIXES = (
     "CLUSTERDOWN",
     "TRYAGAIN",
     "MOVED",
@@ -47,36 +72,57 @@ _CLUSTER_TRANSIENT_TEXT = (
     "READONLY",
 )
 
-
-# Everything this boundary raises for a failed command: loops catch this, back off and
-# carry on, so that no Redis failure (transient or not) kills a loop.
 REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, RedisCommandError)
+"""Everything this boundary raises for a failed command. Loops catch this, back off
+and carry on, so that no Redis failure (transient or not) ends a loop."""
 
 
-def translate(exc: BaseException) -> BaseException:
-    """Map a redis-py (or socket) exception to the streamjobs tree."""
+def translate(exc: BaseException, *, in_script: bool = False) -> BaseException:
+    """Map a redis-py (or socket) exception to the streamjobs tree.
+
+    Args:
+        exc: what redis-py raised.
+        in_script: the command was one of our Lua scripts, so an otherwise unknown
+            error reply is the script's own failure.
+    """
+    message = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, _TRANSIENT):
-        return RedisUnavailable(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, rex.RedisClusterException):
-        return RedisUnavailable(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, rex.ResponseError) and str(exc).startswith(_CLUSTER_TRANSIENT_TEXT):
-        return RedisUnavailable(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, rex.RedisError):
-        return RedisCommandError(f"{type(exc).__name__}: {exc}")
-    return exc
+        return RedisUnavailable(message)
+    if not isinstance(exc, rex.RedisError):
+        return exc
+    reply = str(exc)
+    if isinstance(exc, rex.ResponseError):
+        if reply.startswith(_TRANSIENT_PREFIXES):
+            return RedisUnavailable(message)
+        if reply.startswith("NOGROUP"):
+            return NoSuchGroup(message)
+        if reply.startswith("WRONGTYPE"):
+            return WrongKeyType(message)
+        if in_script:
+            return ScriptError(message)
+    return RedisCommandError(message)
 
 
-def translated(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Decorator: run ``fn`` and translate redis-py exceptions at this boundary."""
+def _translating(
+    in_script: bool,
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                return await fn(*args, **kwargs)
+            except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+                raise translate(exc, in_script=in_script) from exc
 
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await fn(*args, **kwargs)
-        except (rex.RedisError, OSError) as exc:
-            raise translate(exc) from exc
+        return wrapper
 
-    return wrapper
+    return decorate
+
+
+translated = _translating(in_script=False)
+"""Decorator: run a coroutine of plain commands, translating redis-py exceptions."""
+script = _translating(in_script=True)
+"""Decorator: like :func:`translated`, for a coroutine that runs one of our scripts."""
 
 
 def text(value: bytes | str | int) -> str:
@@ -99,26 +145,82 @@ def entries(raw: Sequence[Any] | None) -> list[Entry]:
     return out
 
 
+def _raw_fields(fields: Mapping[Any, Any] | None) -> RawFields:
+    return {text(k): v for k, v in (fields or {}).items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """One entry of XPENDING's extended form."""
+    """One entry of XPENDING's extended form: its id and the consumer holding it."""
 
     id: str
     consumer: str
-    idle_ms: int
-    deliveries: int
+
+
+class StreamGateway(Protocol):
+    """The commands the runtime needs. :class:`Gateway` runs them on Redis; the test
+    suite has an in-memory fake of this protocol for the life-cycle logic."""
+
+    keys: Keys
+
+    async def ensure_group(self) -> None: ...
+    async def read_assignments(
+        self, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[str, RawFields]]: ...
+    async def fetch_assignment(self, entry_id: str) -> RawFields | None: ...
+    async def pending_page(self, min_idle_ms: int, start: str, count: int) -> list[Pending]: ...
+    async def pending_owner(self, entry_id: str) -> str: ...
+    async def lease_scores(self, ids: Sequence[str]) -> list[float | None]: ...
+    async def server_time_ms(self) -> int: ...
+    async def finish(self, assignment_id: str) -> bool: ...
+    async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None: ...
+    async def dead_letter_assignment(
+        self, assignment_id: str, meta: Pairs
+    ) -> tuple[str, int] | None: ...
+    async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]: ...
+    async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool: ...
+    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]: ...
+    async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None: ...
+    async def fenced_read(
+        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+    ) -> tuple[bool, str, list[Entry]]: ...
+    async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None: ...
+    async def release(
+        self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
+    ) -> bool: ...
+    async def lock_exists(self, stream: str) -> bool: ...
+    async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]: ...
 
 
 class Gateway:
-    """Commands of one service on one client. Constructing it does no I/O."""
+    """Commands of one service on one client. Constructing it does no I/O.
 
-    def __init__(self, client: Any, keys: Keys, *, dlq: str, dlq_maxlen: int) -> None:
+    Args:
+        client: ``redis.asyncio.Redis`` or ``RedisCluster``.
+        keys: the service's key names.
+        dlq: the dead-letter stream; default ``keys.dead_letters``.
+        dlq_maxlen: approximate cap of the dead-letter stream; 0 = unbounded.
+    """
+
+    def __init__(self, client: Any, keys: Keys, *, dlq: str | None = None, dlq_maxlen: int = 0):
         self.client = client
         self.keys = keys
-        self.dlq = dlq
+        self.dlq = dlq or keys.dead_letters
         self.dlq_maxlen = dlq_maxlen
         self.scripts = Scripts(client)
         self._is_cluster = hasattr(client, "get_primaries")
+
+    # -- producer writes -----------------------------------------------------------
+
+    @translated
+    async def add_assignment(self, fields: Mapping[str, str]) -> str:
+        """Append an assignment entry to the assignment stream; returns its id."""
+        return text(await self.client.xadd(self.keys.assignments, dict(fields)))
+
+    @translated
+    async def append(self, stream: str, fields: Mapping[str, str | bytes | int | float]) -> str:
+        """Append one entry to a data stream; returns its id."""
+        return text(await self.client.xadd(stream, dict(fields)))
 
     # -- assignment stream ---------------------------------------------------------
 
@@ -137,7 +239,9 @@ class Gateway:
     async def read_assignments(
         self, consumer: str, count: int, block_ms: int
     ) -> list[tuple[str, RawFields]]:
-        """New assignments for ``consumer`` (never its own pending ones: SPEC §4)."""
+        """New assignments for ``consumer``, never its own pending ones: a restarted
+        consumer gets its stranded work back only through recovery, which counts it
+        (docs/design.md#recovery)."""
         reply = await self.client.xreadgroup(
             self.keys.group, consumer, {self.keys.assignments: ">"}, count=count, block=block_ms
         )
@@ -146,15 +250,10 @@ class Gateway:
             return out
         streams = reply.values() if isinstance(reply, dict) else [r[1] for r in reply]
         for batch in streams:
-            if (
-                batch
-                and isinstance(batch[0], list)
-                and batch
-                and not isinstance(batch[0][0], bytes | str)
-            ):
+            if batch and isinstance(batch[0], list) and not isinstance(batch[0][0], bytes | str):
                 batch = batch[0]  # RESP3 nests one level deeper
             for entry_id, fields in batch:
-                out.append((text(entry_id), {text(k): v for k, v in (fields or {}).items()}))
+                out.append((text(entry_id), _raw_fields(fields)))
         return out
 
     @translated
@@ -163,8 +262,7 @@ class Gateway:
         reply = await self.client.xrange(self.keys.assignments, entry_id, entry_id, count=1)
         if not reply:
             return None
-        _, fields = reply[0]
-        return {text(k): v for k, v in (fields or {}).items()}
+        return _raw_fields(reply[0][1])
 
     @translated
     async def pending_page(self, min_idle_ms: int, start: str, count: int) -> list[Pending]:
@@ -172,15 +270,7 @@ class Gateway:
         reply = await self.client.xpending_range(
             self.keys.assignments, self.keys.group, start, "+", count, idle=min_idle_ms
         )
-        return [
-            Pending(
-                id=text(p["message_id"]),
-                consumer=text(p["consumer"]),
-                idle_ms=int(p["time_since_delivered"]),
-                deliveries=int(p["times_delivered"]),
-            )
-            for p in reply
-        ]
+        return [Pending(id=text(p["message_id"]), consumer=text(p["consumer"])) for p in reply]
 
     @translated
     async def pending_owner(self, entry_id: str) -> str:
@@ -203,63 +293,68 @@ class Gateway:
         now_s, now_us = await self.client.time()
         return int(now_s) * 1000 + int(now_us) // 1000
 
-    @translated
-    async def finish(self, assignment_id: str, member: str) -> bool:
+    @script
+    async def finish(self, assignment_id: str) -> bool:
         """Ack and delete a completed assignment; False if it was no longer pending."""
         r = await self.scripts.finish(
             keys=[self.keys.assignments, self.keys.leases],
-            args=[self.keys.group, assignment_id, member],
+            args=[self.keys.group, assignment_id],
         )
         return int(r) == 1
 
-    @translated
-    async def requeue(self, assignment_id: str, member: str, retry_count: int | None) -> str | None:
-        """Atomic XACK-first re-queue; ``retry_count`` None keeps the entry's own count."""
+    @script
+    async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+        """Atomic XACK-first re-queue; ``retry_count`` None keeps the entry's own count.
+
+        Returns the new entry's id, or None if the entry was not pending (someone else
+        re-queued or finished it). Its lease is forgotten either way.
+        """
         r = await self.scripts.requeue(
             keys=[self.keys.assignments, self.keys.leases],
             args=[
                 self.keys.group,
                 assignment_id,
-                member,
+                RETRY_FIELD,
                 "" if retry_count is None else str(retry_count),
             ],
         )
         return None if r is None else text(r)
 
-    @translated
+    @script
     async def dead_letter_assignment(
-        self, assignment_id: str, member: str, meta: Sequence[tuple[str, str]]
+        self, assignment_id: str, meta: Pairs
     ) -> tuple[str, int] | None:
-        """Atomic XACK, XADD to the DLQ, XDEL; None if the entry was not pending."""
-        args: list[str | int] = [self.keys.group, assignment_id, self.dlq_maxlen, member]
-        for k, v in meta:
-            args += [k, v]
+        """Atomic XACK, XADD to the DLQ, XDEL; None if the entry was not pending.
+
+        Returns:
+            (dead letter id, entries trimmed off the DLQ by MAXLEN).
+        """
         r = await self.scripts.dead_letter(
-            keys=[self.keys.assignments, self.dlq, self.keys.leases], args=args
+            keys=[self.keys.assignments, self.dlq, self.keys.leases],
+            args=[self.keys.group, assignment_id, self.dlq_maxlen, DEAD_AT_FIELD, *flatten(meta)],
         )
         if r is None:
             return None
         return text(r[0]), int(r[1])
 
-    @translated
-    async def dead_letter_entry(self, fields: Sequence[tuple[str, str]]) -> tuple[str, int]:
+    @script
+    async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]:
         """Append a dead letter for a data-stream entry; returns (id, entries trimmed)."""
-        args: list[str | int] = [self.dlq_maxlen]
-        for k, v in fields:
-            args += [k, v]
-        r = await self.scripts.dlq_add(keys=[self.dlq], args=args)
+        r = await self.scripts.dlq_add(
+            keys=[self.dlq], args=[self.dlq_maxlen, DEAD_AT_FIELD, *flatten(fields)]
+        )
         return text(r[0]), int(r[1])
 
     # -- locks and data streams ----------------------------------------------------
 
-    @translated
+    @script
     async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool:
         r = await self.scripts.acquire(
             keys=[self.keys.lock(stream), stream], args=[token, ttl_ms, self.keys.group]
         )
         return int(r) == 1
 
-    @translated
+    @script
     async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
         """Extend each (stream, token) lock; one round trip on a standalone server."""
         if self._is_cluster:
@@ -276,14 +371,18 @@ class Gateway:
             replies = await pipe.execute()
         return [int(r) == 1 for r in replies]
 
-    @translated
-    async def record_leases(self, members: Sequence[str], ttl_ms: int, *, new: bool) -> None:
-        """Write lease deadlines (server time + ``ttl_ms``); ``new`` False only updates."""
-        if members:
-            mode = "add" if new else "update"
-            await self.scripts.lease(keys=[self.keys.leases], args=[mode, ttl_ms, *members])
+    @script
+    async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:
+        """Write lease deadlines (server time + ``ttl_ms``) of assignment ids.
 
-    @translated
+        ``new`` False only updates leases that still exist: a heartbeat racing a
+        finish must not bring a finished assignment's lease back.
+        """
+        if ids:
+            mode = "add" if new else "update"
+            await self.scripts.lease(keys=[self.keys.leases], args=[mode, ttl_ms, *ids])
+
+    @script
     async def fenced_read(
         self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
     ) -> tuple[bool, str, list[Entry]]:
@@ -312,8 +411,9 @@ class Gateway:
         """
         await self.client.xread({stream: after_id}, count=1, block=block_ms)
 
-    @translated
+    @script
     async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
+        """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms)."""
         r = await self.scripts.release(
             keys=[self.keys.lock(stream), stream], args=[token, self.keys.group, keep_ms, *ack]
         )
@@ -323,7 +423,52 @@ class Gateway:
     async def lock_exists(self, stream: str) -> bool:
         return int(await self.client.exists(self.keys.lock(stream))) == 1
 
-    @translated
+    @script
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
         r = await self.scripts.sweep(keys=[self.keys.leases], args=[horizon_ms, limit, recheck_ms])
         return [text(m) for m in r]
+
+
+# -- administrative commands on any client -------------------------------------------
+
+
+@translated
+async def get_config(client: Any, name: str) -> str:
+    """``CONFIG GET name`` ('' if unset)."""
+    reply = await client.config_get(name)
+    return text(reply.get(name, "") or "")
+
+
+@translated
+async def set_config(client: Any, name: str, value: str) -> None:
+    await client.config_set(name, value)
+
+
+def parse_slots(reply: Any) -> SlotMap:
+    """CLUSTER SLOTS in either redis-py shape (raw list, or parsed dict)."""
+    out: SlotMap = {}
+    if isinstance(reply, dict):
+        for (lo, hi), info in reply.items():
+            host, port = info["primary"][:2]
+            out[(int(lo), int(hi))] = (text(host), int(port))
+        return out
+    for item in reply or ():
+        lo, hi, primary = item[0], item[1], item[2]
+        out[(int(lo), int(hi))] = (text(primary[0]), int(primary[1]))
+    return out
+
+
+@translated
+async def cluster_state(node: Any) -> tuple[str, SlotMap]:
+    """``cluster_state`` and the slot map, as one node sees them (pure reads)."""
+    info = await node.execute_command("CLUSTER INFO")
+    slots = await node.execute_command("CLUSTER SLOTS")
+    state = info.get("cluster_state") if isinstance(info, dict) else None
+    if state is None:
+        state = "ok" if "cluster_state:ok" in text(info) else "fail"
+    return text(state), parse_slots(slots)
+
+
+def client_db(client: Any) -> int:
+    """The database number a standalone client talks to."""
+    return int(client.connection_pool.connection_kwargs.get("db", 0) or 0)

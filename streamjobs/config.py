@@ -10,7 +10,19 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from ._keys import DEFAULT_PREFIX
 from .exceptions import ConfigurationError
+
+_MIN_IDLE_FLOOR_S = 15.0
+_MIN_IDLE_PER_TTL = 1.5
+
+
+def default_min_idle_s(lock_ttl_s: float) -> float:
+    """``RecoveryConfig.min_idle_s`` when none is given: 15 s, or 1.5 lock TTLs if longer.
+
+    It must exceed the lock TTL: an assignment idle for less may still be owned.
+    """
+    return max(_MIN_IDLE_FLOOR_S, lock_ttl_s * _MIN_IDLE_PER_TTL)
 
 
 class ClusterMode(enum.Enum):
@@ -68,7 +80,7 @@ class ConsumerConfig:
         shutdown_grace_s: time in-flight handlers get to finish on shutdown.
         finished_stream_ttl_s: TTL set on a data stream once it is finished; 0 deletes
             it at once, None keeps it.
-        key_prefix: prefix of every key (see SPEC §2).
+        key_prefix: prefix of every key (docs/design.md#keys).
     """
 
     lock_ttl_s: float = 10.0
@@ -82,7 +94,7 @@ class ConsumerConfig:
     handler_backoff_max_s: float = 5.0
     shutdown_grace_s: float = 10.0
     finished_stream_ttl_s: float | None = 3600.0
-    key_prefix: str = "streamjobs"
+    key_prefix: str = DEFAULT_PREFIX
 
     def __post_init__(self) -> None:
         _positive("lock_ttl_s", self.lock_ttl_s)
@@ -147,7 +159,9 @@ class RecoveryConfig:
         interval_s: period of the XPENDING reconciliation scan.
         jitter_fraction: each wait is ``interval_s * (1 + U(0, jitter_fraction))``.
         min_idle_s: pending assignments idle for less than this are not inspected by
-            the scan; must exceed the consumer's ``lock_ttl_s``.
+            the scan; must exceed the consumer's ``lock_ttl_s``. When no
+            ``RecoveryConfig`` is given, a consumer uses :func:`default_min_idle_s`
+            of its ``lock_ttl_s``.
         batch_size: XPENDING page size; the scan resumes from a cursor across passes.
         max_retries: re-queues after owner deaths before an assignment is dead-lettered.
         dlq_stream: dead-letter stream name; default ``P:{service}:dlq``. It must share
@@ -165,7 +179,7 @@ class RecoveryConfig:
 
     interval_s: float = 30.0
     jitter_fraction: float = 0.1
-    min_idle_s: float = 15.0
+    min_idle_s: float = _MIN_IDLE_FLOOR_S
     batch_size: int = 100
     max_retries: int = 3
     dlq_stream: str | None = None

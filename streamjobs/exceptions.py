@@ -11,7 +11,10 @@ translated at one boundary (``streamjobs._redis``) and chained with
     ├── InvalidStreamName         a data stream name with no co-located lock key
     ├── InvalidAssignment         an assignment entry that cannot be parsed
     ├── RedisUnavailable          connection refused/reset, timeout, server loading
-    ├── RedisCommandError         Redis answered with an error we did not expect
+    ├── RedisCommandError         Redis answered with an error that retrying will not fix
+    │   ├── NoSuchGroup           NOGROUP: the stream or its consumer group is gone
+    │   ├── WrongKeyType          WRONGTYPE: a key holds another kind of value
+    │   └── ScriptError           a streamjobs Lua script raised an error
     ├── ClusterNotSettled         reset_topology() found the cluster mid-change
     └── HandlerDirective          raised by handle() to steer what happens to an entry
         ├── Retry                 retry this entry after delay_s
@@ -57,7 +60,23 @@ class RedisUnavailable(StreamJobsError, ConnectionError):
 
 
 class RedisCommandError(StreamJobsError):
-    """Redis answered a command with an unexpected error."""
+    """Redis answered a command with an error that retrying will not fix.
+
+    The subclasses name the errors streamjobs acts on; callers match on the type,
+    never on the message text (the boundary in ``streamjobs._redis`` classifies).
+    """
+
+
+class NoSuchGroup(RedisCommandError):
+    """NOGROUP: the stream or its consumer group does not exist (deleted under us)."""
+
+
+class WrongKeyType(RedisCommandError):
+    """WRONGTYPE: a key streamjobs uses holds another kind of value."""
+
+
+class ScriptError(RedisCommandError):
+    """A streamjobs Lua script failed while running (Redis does not roll it back)."""
 
 
 class ClusterNotSettled(StreamJobsError):

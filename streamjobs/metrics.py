@@ -1,16 +1,18 @@
 """Instrumentation protocol.
 
 Every event streamjobs reports goes through a :class:`MetricsRecorder`. The
-default :class:`NullRecorder` does nothing; ``PrometheusRecorder`` (see
-METRICS.md) is the real one. Labels are bounded sets: a service name, an outcome
-or a reason — never a stream name or an entry id. Calls are made from the event
-loop thread and must not block.
+default :class:`NullRecorder` does nothing; pass your own implementation as
+``StreamConsumer(metrics=...)`` to export them. Labels are bounded sets: a service
+name, an outcome or a reason — never a stream name or an entry id. Calls are made
+from the event loop thread and must not block.
 """
 
 from __future__ import annotations
 
 import enum
 from typing import Protocol, runtime_checkable
+
+from ._deadletter import DeadLetterReason
 
 
 class StreamEvent(enum.Enum):
@@ -35,16 +37,6 @@ class RequeueOutcome(enum.Enum):
     DEAD_LETTERED = "dead_lettered"
     OWNER_ALIVE = "owner_alive"
     LOST_RACE = "lost_race"
-    ERROR = "error"
-
-
-class DeadLetterReason(enum.Enum):
-    """``_dlq_reason`` of a dead-letter entry."""
-
-    MAX_RETRIES_EXCEEDED = "max_retries_exceeded"
-    UNPARSEABLE = "unparseable"
-    HANDLER_FAILED = "handler_failed"
-    MANUAL = "manual"
 
 
 @runtime_checkable

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._assignment import build_fields
 from ._keys import DEFAULT_PREFIX, Keys, check_stream_name
-from ._redis import text, translated
-
-EOS_FIELD = "_eos"
+from ._redis import Gateway
+from ._wire import EOS_FIELD, EOS_VALUE, build_fields
 
 
 class Producer:
@@ -25,10 +23,8 @@ class Producer:
     """
 
     def __init__(self, redis: Any, *, service: str, key_prefix: str = DEFAULT_PREFIX) -> None:
-        self._redis = redis
-        self._keys = Keys(service, key_prefix)
+        self._gw = Gateway(redis, Keys(service, key_prefix))
 
-    @translated
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Queue an assignment naming data stream ``name``; returns the assignment's id.
 
@@ -36,10 +32,8 @@ class Producer:
             InvalidStreamName: ``name`` cannot be given a lock key in its own slot.
             TypeError: ``info`` is not JSON-serialisable.
         """
-        fields = build_fields(name, info)
-        return text(await self._redis.xadd(self._keys.assignments, fields))
+        return await self._gw.add_assignment(build_fields(name, info))
 
-    @translated
     async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:
         """Append one entry to data stream ``name``; returns its id.
 
@@ -52,10 +46,9 @@ class Producer:
             raise ValueError("fields must not be empty")
         if EOS_FIELD in fields:
             raise ValueError(f"{EOS_FIELD!r} is reserved: use close_stream()")
-        return text(await self._redis.xadd(name, dict(fields)))
+        return await self._gw.append(name, fields)
 
-    @translated
     async def close_stream(self, name: str) -> str:
         """Append the end-of-stream marker; the owner finishes after it. Returns its id."""
         check_stream_name(name)
-        return text(await self._redis.xadd(name, {EOS_FIELD: "1"}))
+        return await self._gw.append(name, {EOS_FIELD: EOS_VALUE})

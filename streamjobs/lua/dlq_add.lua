@@ -4,14 +4,15 @@
 -- crash in between leaves a duplicate dead letter, never a lost entry.
 -- KEYS[1]  dead-letter stream
 -- ARGV[1]  dead-letter MAXLEN (approximate; 0 = unbounded)
--- ARGV[2..] field/value pairs; _dead_at_ms is added from server time.
+-- ARGV[2]  name of the field that receives the server time, milliseconds
+-- ARGV[3..] field/value pairs
 -- Returns {dlq_entry_id, entries_trimmed}.
 local out = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   out[#out + 1] = ARGV[i]
 end
 local t = redis.call('TIME')
-out[#out + 1] = '_dead_at_ms'
+out[#out + 1] = ARGV[2]
 out[#out + 1] = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local before = redis.call('XLEN', KEYS[1])
 local dlq_id

@@ -4,15 +4,13 @@
 -- KEYS[1]  assignment stream (LBS)
 -- KEYS[2]  lease index (same slot)
 -- ARGV[1]  consumer group name
--- ARGV[2]  assignment entry id
--- ARGV[3]  lease member to forget ('' for none)
--- ARGV[4]  new _retry_count ('' keeps the entry's own value: graceful hand-back)
+-- ARGV[2]  assignment entry id (also its lease member)
+-- ARGV[3]  name of the retry-count field
+-- ARGV[4]  new retry count ('' keeps the entry's own value: graceful hand-back)
 -- Returns the new entry id, or false if the entry was not pending / no longer exists.
 -- The lease is forgotten either way: an entry that is not pending under this id has
 -- no live lease under it.
-if ARGV[3] ~= '' then
-  redis.call('ZREM', KEYS[2], ARGV[3])
-end
+redis.call('ZREM', KEYS[2], ARGV[2])
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
   return false
 end
@@ -24,10 +22,10 @@ local src = found[1][2]
 local out = {}
 local seen = false
 for i = 1, #src, 2 do
-  if src[i] == '_retry_count' then
+  if src[i] == ARGV[3] then
     seen = true
     if ARGV[4] ~= '' then
-      out[#out + 1] = '_retry_count'
+      out[#out + 1] = ARGV[3]
       out[#out + 1] = ARGV[4]
     else
       out[#out + 1] = src[i]
@@ -39,7 +37,7 @@ for i = 1, #src, 2 do
   end
 end
 if not seen and ARGV[4] ~= '' then
-  out[#out + 1] = '_retry_count'
+  out[#out + 1] = ARGV[3]
   out[#out + 1] = ARGV[4]
 end
 local new_id = redis.call('XADD', KEYS[1], '*', unpack(out))

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamjobs import DeadLetterReason, InvalidAssignment, InvalidStreamName
-from streamjobs._assignment import build_fields, parse_assignment
+from streamjobs._notifications import merge_flags
 from streamjobs._recovery import Action, decide
-from streamjobs._recovery_loops import merge_flags
+from streamjobs._wire import build_fields, parse_assignment
 
 
 def test_parse_native_and_go_formats() -> None:

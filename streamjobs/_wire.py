@@ -1,9 +1,12 @@
-"""Assignment entries: parsing (pure) and building.
+"""The wire format of assignment entries and data-stream markers (docs/design.md#wire-format).
 
 An assignment has fields ``stream``, ``info`` (JSON object), ``_retry_count``
 (decimal, absent = 0) and any extra fields, which re-queues carry verbatim. The Go
 library's single ``lbs-input`` field holding ``{"DataStreamName": ..., "Info": ...}``
-is accepted too.
+is accepted too. A producer ends a data stream with an entry whose ``_eos`` field is
+``1``; it is never handed to ``handle()``.
+
+Parsing is pure. Dead-letter entries have a module of their own (``_deadletter``).
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from typing import Any
 from ._keys import check_stream_name
 from .exceptions import InvalidAssignment, InvalidStreamName
 
+STREAM_FIELD = "stream"
+INFO_FIELD = "info"
 RETRY_FIELD = "_retry_count"
 GO_FIELD = "lbs-input"
+EOS_FIELD = "_eos"
+EOS_VALUE = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +78,10 @@ def parse_assignment(entry_id: str, fields: Mapping[str, bytes | str]) -> Assign
         InvalidAssignment: why the entry cannot be processed.
     """
     retry_count = parse_retry_count(fields)
-    if "stream" in fields:
-        stream = _text(fields["stream"], "stream")
-        raw_info = fields.get("info")
-        info = {} if raw_info is None else _info(_text(raw_info, "info"), "info")
+    if STREAM_FIELD in fields:
+        stream = _text(fields[STREAM_FIELD], STREAM_FIELD)
+        raw_info = fields.get(INFO_FIELD)
+        info = {} if raw_info is None else _info(_text(raw_info, INFO_FIELD), INFO_FIELD)
     elif GO_FIELD in fields:
         doc = _info(_text(fields[GO_FIELD], GO_FIELD), GO_FIELD)
         lowered = {str(k).lower(): v for k, v in doc.items()}
@@ -89,7 +96,7 @@ def parse_assignment(entry_id: str, fields: Mapping[str, bytes | str]) -> Assign
             raise InvalidAssignment(f"{GO_FIELD} Info must be an object")
         info = go_info
     else:
-        raise InvalidAssignment("missing field 'stream'")
+        raise InvalidAssignment(f"missing field {STREAM_FIELD!r}")
     try:
         check_stream_name(stream)
     except InvalidStreamName as exc:
@@ -105,4 +112,12 @@ def build_fields(stream: str, info: Mapping[str, Any] | None) -> dict[str, str]:
         TypeError: ``info`` is not JSON-serialisable.
     """
     check_stream_name(stream)
-    return {"stream": stream, "info": json.dumps(dict(info or {}), separators=(",", ":"))}
+    return {
+        STREAM_FIELD: stream,
+        INFO_FIELD: json.dumps(dict(info or {}), separators=(",", ":")),
+    }
+
+
+def is_eos(fields: Mapping[str, str]) -> bool:
+    """True for the end-of-stream marker entry."""
+    return fields.get(EOS_FIELD) == EOS_VALUE

@@ -1,0 +1,549 @@
+"""The life of one owned stream (docs/design.md#ownership).
+
+:class:`OwnedStream` takes an assignment from acquisition to its end:
+
+1. acquire the stream's lock with a token unique to this acquisition;
+2. loop: one fenced script call acks the previous batch and reads the next (pending
+   entries of a previous owner first); hand each entry to ``handle()`` in order while
+   the local lease is valid; wait with a plain ``XREAD BLOCK`` when idle;
+3. a failing entry is retried or dead-lettered as :func:`after_failure` decides;
+4. end in exactly one way: finished (end marker or ``finish()``: complete the
+   assignment, THEN release the lock), lost (the lock expired or was taken over:
+   stop, ack nothing more, report it), or handed back (shutdown, cancellation, or
+   a lock someone else holds: re-queue without counting a retry, then unlock).
+
+The hand-back runs shielded from cancellation and bounded in time, whatever ended
+the stream, so a cancelled consumer leaves no lock or lease of its own behind.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+
+from ._backoff import Backoff
+from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
+from ._redis import REDIS_FAILURES, StreamGateway
+from ._wire import Assignment, is_eos
+from .config import ConsumerConfig
+from .exceptions import DeadLetter, Retry
+from .message import Message
+from .metrics import MetricsRecorder, StreamEvent
+
+log = logging.getLogger("streamjobs")
+
+CLEANUP_TIMEOUT_S = 5.0
+"""Bound on each shielded clean-up step (hand-back, report of a loss)."""
+
+
+# -- what to do after a handler failure (pure) -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAfter:
+    """Call ``handle()`` again for the same entry after ``delay_s``."""
+
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Dead-letter the entry with ``error`` as its ``_error``, then go on."""
+
+    error: str
+
+
+def after_failure(
+    error: BaseException,
+    attempt: int,
+    *,
+    max_attempts: int,
+    backoff_s: float,
+    backoff_max_s: float,
+) -> RetryAfter | GiveUp:
+    """The next step after attempt number ``attempt`` (1-based) of an entry raised ``error``.
+
+    * :class:`~streamjobs.DeadLetter`: give up now.
+    * Attempts used up (``attempt >= max_attempts``): give up.
+    * :class:`~streamjobs.Retry`: retry after its ``delay_s`` (it counts as an attempt).
+    * Anything else: retry after ``backoff_s * 2**(attempt - 1)``, capped at
+      ``backoff_max_s``.
+    """
+    if isinstance(error, DeadLetter):
+        return GiveUp(f"DeadLetter: {error.reason}")
+    if attempt >= max_attempts:
+        return GiveUp(describe_error(error))
+    if isinstance(error, Retry):
+        return RetryAfter(error.delay_s)
+    exponent = min(attempt - 1, 64)  # 2**64 times any backoff is past every cap
+    return RetryAfter(min(backoff_max_s, backoff_s * 2.0**exponent))
+
+
+# -- what a stream needs from its consumer --------------------------------------------------
+
+
+class Hooks(Protocol):
+    """The user's side of the contract (``StreamConsumer`` satisfies it)."""
+
+    async def handle(self, message: Message) -> None: ...
+    async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None: ...
+    async def on_stream_end(self, stream: str) -> None: ...
+    async def on_stream_lost(self, stream: str) -> None: ...
+
+
+class Host(Protocol):
+    """The consumer runtime, as one of its streams sees it."""
+
+    gateway: StreamGateway
+    config: ConsumerConfig
+    metrics: MetricsRecorder
+    hooks: Hooks
+    service: str
+    name: str
+
+    @property
+    def draining(self) -> bool:
+        """Shutdown began: hand no more entries to ``handle()``."""
+
+    def adopt(self, stream: OwnedStream) -> None:
+        """``stream`` now holds its lock."""
+
+    def disown(self, stream: OwnedStream) -> None:
+        """``stream`` no longer holds its lock (finished, lost or handed back)."""
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``fn`` in the background, outliving the stream's own task."""
+
+
+class Outcome(enum.Enum):
+    FINISHED = "finished"
+    LOST = "lost"
+    STOPPED = "stopped"  # shutdown, cancellation, or a lock held by someone else
+
+
+class OwnedStream:
+    """One assignment, from acquiring its stream's lock to finishing or giving it up."""
+
+    def __init__(self, host: Host, assignment: Assignment) -> None:
+        self.host = host
+        self.assignment = assignment
+        self.token = f"{host.name}:{secrets.token_hex(8)}"
+        self.acquired = False
+        self.lost = False
+        self.finish_requested = False
+        self.lease_deadline = 0.0
+        self.to_ack: list[str] = []
+        # Set once the end marker was read (or finish() asked for): from then on the
+        # stream is completed, never handed back. The marker's id is acked only by
+        # the release that ends the stream, so a stream whose completion did not
+        # happen keeps its marker for the next owner.
+        self._ending = False
+        self._eos: list[str] = []
+        self._completed = False  # a finish call of ours deleted the assignment
+        self._changed = anyio.Event()
+        self._scope = anyio.CancelScope()
+        self._wait_scope: anyio.CancelScope | None = None
+
+    @property
+    def stream(self) -> str:
+        return self.assignment.stream
+
+    # -- called by the runtime -------------------------------------------------------
+
+    def renew(self, confirmed_at: float) -> None:
+        """The lock was (re)confirmed by a call sent at ``confirmed_at`` (monotonic)."""
+        cfg = self.host.config
+        self.lease_deadline = confirmed_at + cfg.lock_ttl_s - cfg.margin_s
+        self._notify()
+
+    def heartbeat_failed(self) -> None:
+        """Wake waiters, so a lapsed lease is noticed."""
+        self._notify()
+
+    def interrupt(self) -> None:
+        """Shutdown began: stop waiting for entries and stop after the current one."""
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        self._notify()
+
+    def cancel(self) -> None:
+        """The grace period is over: cancel whatever runs (the hand-back still runs)."""
+        self._scope.cancel()
+
+    def mark_lost(self) -> None:
+        """The lock is gone or someone else's: stop at once, ack nothing, tell the user."""
+        if self.lost:
+            return
+        self.lost = True
+        self.to_ack = []  # a disowned consumer acks nothing
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        self._notify()
+        host = self.host
+        host.metrics.stream_event(host.service, StreamEvent.LOST)
+        log.warning("lost stream %r (lock expired or taken over)", self.stream)
+        # Reported now, not when the in-flight handler returns (it may run for long).
+        host.spawn(self._report_lost)
+
+    # -- the life ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        outcome = Outcome.STOPPED
+        try:
+            with self._scope:
+                if await self._acquire():
+                    outcome = await self._process()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._settle(outcome)
+
+    def _notify(self) -> None:
+        """Wake every waiter on this stream's state (lease, lost, shutdown)."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _stopping(self) -> bool:
+        return self.lost or self.host.draining
+
+    async def _acquire(self) -> bool:
+        """Take the lock; False (to hand the assignment back) if someone holds it."""
+        host, cfg = self.host, self.host.config
+        backoff = Backoff(base_s=0.05, cap_s=cfg.heartbeat_s)
+        give_up_at = time.monotonic() + cfg.heartbeat_s
+        while not host.draining:
+            sent = time.monotonic()
+            try:
+                if await host.gateway.acquire(self.stream, self.token, cfg.lock_ttl_ms):
+                    self.acquired = True
+                    self.renew(sent)
+                    host.adopt(self)
+                    host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
+                    await self._record_lease()
+                    return True
+            except REDIS_FAILURES:
+                host.metrics.loop_error(host.service, "acquire")
+            if time.monotonic() >= give_up_at:
+                host.metrics.stream_event(host.service, StreamEvent.CONTENDED)
+                return False
+            # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
+            await anyio.sleep(backoff.next_delay())
+        return False
+
+    async def _record_lease(self) -> None:
+        host = self.host
+        try:
+            await host.gateway.record_leases(
+                [self.assignment.id], host.config.lock_ttl_ms, new=True
+            )
+        except REDIS_FAILURES:
+            # Without a lease record a crash is still found, by the XPENDING scan after
+            # min_idle_s instead of the lease sweep.
+            host.metrics.loop_error(host.service, "acquire")
+
+    async def _process(self) -> Outcome:
+        """Hand the stream's entries to ``handle()`` until it ends, is lost or we stop."""
+        host = self.host
+        stream = self.stream
+        try:
+            await host.hooks.on_stream_start(stream, self.assignment.info)
+        except Exception:
+            log.exception("on_stream_start(%r) raised; continuing", stream)
+        backoff = Backoff()
+        batch_size = host.config.read_batch_size
+        while True:
+            if self.lost:
+                return Outcome.LOST
+            if host.draining:
+                return Outcome.STOPPED
+            try:
+                ok, top, batch = await host.gateway.fenced_read(
+                    stream, self.token, host.name, batch_size, self.to_ack
+                )
+            except REDIS_FAILURES as exc:
+                host.metrics.loop_error(host.service, "stream")
+                delay = backoff.next_delay()
+                log.warning(
+                    "stream %r: Redis unavailable (%s); retrying in %.2fs", stream, exc, delay
+                )
+                await self._pause(delay)
+                continue
+            backoff.reset()
+            if not ok:
+                self.mark_lost()
+                return Outcome.LOST
+            self.to_ack = []
+            if not batch:
+                await self._wait_for_entries(top)
+                continue
+            handled = 0
+            started = time.perf_counter()
+            info = self.assignment.info
+            handle = host.hooks.handle
+            monotonic = time.monotonic
+            for entry_id, fields in batch:
+                if self.finish_requested or is_eos(fields):
+                    self._count_handled(handled, started)
+                    if is_eos(fields):
+                        self._eos = [entry_id]
+                    return await self._finish()
+                # Hot path: one clock read and no extra await per entry while the
+                # local lease is valid; the slow path waits for a heartbeat.
+                if (
+                    self.lost or host.draining or monotonic() >= self.lease_deadline
+                ) and not await self._lease_valid():
+                    break
+                try:
+                    await handle(Message(stream, entry_id, fields, info, 1))
+                except Exception as exc:
+                    if not await self._retry_entry(entry_id, fields, exc):
+                        break
+                handled += 1
+                self.to_ack.append(entry_id)
+            self._count_handled(handled, started)
+            if self.finish_requested:
+                return await self._finish()
+
+    def _count_handled(self, handled: int, started: float) -> None:
+        if handled:
+            host = self.host
+            host.metrics.entries_handled(host.service, handled, time.perf_counter() - started)
+
+    async def _wait_for_entries(self, top: str) -> None:
+        host = self.host
+        with anyio.CancelScope() as self._wait_scope:
+            if self._stopping():
+                return
+            try:
+                await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
+            except REDIS_FAILURES:
+                host.metrics.loop_error(host.service, "stream")
+                await anyio.sleep(Backoff().next_delay())
+        self._wait_scope = None
+
+    async def _pause(self, delay_s: float) -> bool:
+        """Sleep ``delay_s`` unless the stream is lost or shutdown starts; True if it slept."""
+        deadline = time.monotonic() + delay_s
+        while True:
+            changed = self._changed
+            if self._stopping():
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            with anyio.move_on_after(remaining):
+                await changed.wait()
+
+    async def _lease_valid(self) -> bool:
+        """True if the local lease allows handing the next entry to ``handle()``.
+
+        Past the lease deadline (a pause, or heartbeats failing) wait for the heartbeat
+        to extend the lock or to find it lost; never hand an entry on an expired lease.
+        """
+        while True:
+            changed = self._changed
+            if self._stopping():
+                return False
+            if time.monotonic() < self.lease_deadline:
+                return True
+            await changed.wait()
+
+    async def _retry_entry(self, entry_id: str, fields: dict[str, str], first: Exception) -> bool:
+        """Attempts 2.. of an entry whose first ``handle()`` call raised ``first``.
+
+        Returns:
+            True if the entry is done (handled or dead-lettered), False if the stream
+            was lost or shutdown began while retrying (the entry stays unacked).
+        """
+        host, cfg = self.host, self.host.config
+        attempt = 1
+        error: Exception = first
+        while True:
+            host.metrics.handler_failed(host.service)
+            step = after_failure(
+                error,
+                attempt,
+                max_attempts=cfg.max_handler_attempts,
+                backoff_s=cfg.handler_backoff_s,
+                backoff_max_s=cfg.handler_backoff_max_s,
+            )
+            if isinstance(step, GiveUp):
+                log.warning(
+                    "stream %r entry %s failed %d time(s) (%s): dead-lettering it",
+                    self.stream,
+                    entry_id,
+                    attempt,
+                    step.error,
+                )
+                return await self._dead_letter(entry_id, fields, attempt, step.error)
+            if not await self._pause(step.delay_s) or not await self._lease_valid():
+                return False
+            attempt += 1
+            message = Message(self.stream, entry_id, fields, self.assignment.info, attempt)
+            try:
+                await host.hooks.handle(message)
+                return True
+            except Exception as exc:
+                error = exc
+
+    async def _dead_letter(
+        self, entry_id: str, fields: dict[str, str], attempts: int, error: str
+    ) -> bool:
+        """Append a dead letter for a data entry; True once it is written."""
+        host = self.host
+        letter = entry_dead_letter(
+            fields,
+            stream=self.stream,
+            entry_id=entry_id,
+            retry_count=self.assignment.retry_count,
+            attempts=attempts,
+            owner=host.name,
+            error=error,
+        )
+        backoff = Backoff()
+        while True:
+            try:
+                _, trimmed = await host.gateway.dead_letter_entry(letter)
+            except REDIS_FAILURES:
+                host.metrics.loop_error(host.service, "stream")
+                if not await self._pause(backoff.next_delay()):
+                    return False
+                continue
+            host.metrics.dead_lettered(host.service, DeadLetterReason.HANDLER_FAILED)
+            if trimmed > 0:
+                host.metrics.dlq_trimmed(host.service, trimmed)
+            return True
+
+    async def _finish(self) -> Outcome:
+        """Complete the assignment, THEN release the lock (never the other way round)."""
+        host = self.host
+        self._ending = True
+        backoff = Backoff()
+        while True:
+            try:
+                done = await self._complete()
+                break
+            except REDIS_FAILURES:
+                host.metrics.loop_error(host.service, "stream")
+                if not await self._pause(backoff.next_delay()):
+                    return Outcome.LOST if self.lost else Outcome.STOPPED
+        if not done:
+            self.mark_lost()
+            return Outcome.LOST
+        host.metrics.stream_event(host.service, StreamEvent.FINISHED)
+        host.disown(self)
+        try:
+            await host.hooks.on_stream_end(self.stream)
+        except Exception:
+            log.exception("on_stream_end(%r) raised", self.stream)
+        return Outcome.FINISHED
+
+    async def _complete(self) -> bool:
+        """One attempt at completing: finish the assignment, then release with retention.
+
+        Both scripts are safe to repeat. ``finish`` answers False when the assignment
+        is no longer pending: after an earlier attempt of ours whose reply was lost
+        (then ``_completed`` or the release tells), or after a recoverer re-queued it
+        because our lock expired (then the release's token check refuses too).
+
+        Returns:
+            True if the stream is finished, False if it was lost.
+
+        Raises:
+            RedisUnavailable, RedisCommandError: try again.
+        """
+        host = self.host
+        if await host.gateway.finish(self.assignment.id):
+            self._completed = True
+        released = await host.gateway.release(
+            self.stream, self.token, self._retention_ms(), [*self.to_ack, *self._eos]
+        )
+        if released:
+            self.to_ack, self._eos = [], []
+        return self._completed or released
+
+    async def _report_lost(self) -> None:
+        with anyio.move_on_after(CLEANUP_TIMEOUT_S):
+            try:
+                await self.host.hooks.on_stream_lost(self.stream)
+            except Exception:
+                log.exception("on_stream_lost(%r) raised", self.stream)
+
+    async def _settle(self, outcome: Outcome) -> None:
+        """Clean-up after the stream's task ended (shielded): hand back what is unfinished."""
+        if outcome is Outcome.FINISHED:
+            return
+        self.host.disown(self)
+        if self.lost:
+            return
+        with anyio.move_on_after(CLEANUP_TIMEOUT_S):
+            if self._ending:
+                await self._complete_on_exit()
+            else:
+                await self._hand_back()
+
+    def _retention_ms(self) -> int:
+        """What the release does to a finished data stream: -1 keep, 0 delete, >0 PEXPIRE."""
+        ttl_s = self.host.config.finished_stream_ttl_s
+        return -1 if ttl_s is None else math.ceil(ttl_s * 1000)
+
+    async def _complete_on_exit(self) -> None:
+        """A stream that reached its end when shutdown or cancellation came: complete it.
+
+        If that fails, hand it back instead; the end marker is not acked by a hand-back,
+        so the next owner reads it and finishes the stream.
+        """
+        host = self.host
+        try:
+            done = await self._complete()
+        except REDIS_FAILURES as exc:
+            log.warning("could not finish stream %r (%s): handing it back", self.stream, exc)
+            await self._hand_back()
+            return
+        if done:
+            host.metrics.stream_event(host.service, StreamEvent.FINISHED)
+
+    async def _hand_back(self) -> None:
+        """Give an unfinished stream back at once (docs/design.md#finishing-and-hand-back).
+
+        1. Ack what was handled (fenced): handled work is finished work.
+        2. Re-queue the assignment without counting a retry, XACK-first and atomic.
+        3. Release the lock (token-checked: a no-op if it was never ours). Re-queue
+           comes first so that "pending without a lock", which recoverers treat as a
+           dead owner, never happens; a consumer that reads the re-queued assignment
+           in between retries the lock for a moment.
+
+        A stream whose acquisition failed or was interrupted goes through the same
+        steps but the first: the acquire may have taken the lock even if its reply
+        never arrived, and the release's token check makes that safe either way.
+        """
+        host = self.host
+        gw = host.gateway
+        try:
+            if self.acquired:
+                ok, _, _ = await gw.fenced_read(self.stream, self.token, host.name, 0, self.to_ack)
+                self.to_ack = []
+                if not ok:
+                    self.mark_lost()
+                    return
+            await gw.requeue(self.assignment.id, None)
+            # A stream completed by an earlier attempt keeps its retention.
+            await gw.release(
+                self.stream, self.token, self._retention_ms() if self._completed else -1
+            )
+        except REDIS_FAILURES as exc:
+            log.warning(
+                "could not hand back stream %r (%s): its lock will expire and it will be recovered",
+                self.stream,
+                exc,
+            )
+            return
+        if self.acquired:
+            host.metrics.stream_event(host.service, StreamEvent.HANDED_BACK)

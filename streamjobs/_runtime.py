@@ -1,0 +1,306 @@
+"""The consumer runtime: every piece of a running consumer but the user's code.
+
+A :class:`Runtime` belongs to one ``StreamConsumer`` and owns its state and its
+background work, all in one anyio task group:
+
+* intake: XREADGROUP on the assignment stream for as many assignments as there are
+  free slots (short BLOCK, so stopping is prompt), one :class:`OwnedStream` task each;
+* heartbeat: extend every owned lock in one round trip (compare-and-set on the
+  token), renew each stream's local lease, and record the new deadlines in the
+  lease index;
+* recovery (``_recovery_loops``): keyspace expiry events, the lease sweep and the
+  XPENDING reconciliation scan.
+
+Shutdown is two-phase (docs/design.md#finishing-and-hand-back): stop intake, let
+in-flight handlers finish within ``shutdown_grace_s``, then cancel them; every
+unfinished stream is handed back (re-queued without counting a retry, then
+unlocked) in a shielded, bounded step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ._backoff import Backoff
+from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
+from ._recovery import Recoverer
+from ._recovery_loops import RecoveryLoops
+from ._redis import REDIS_FAILURES, RawFields, StreamGateway
+from ._wire import parse_assignment
+from .config import ClusterMode, ConsumerConfig, RecoveryConfig
+from .exceptions import InvalidAssignment, NoSuchGroup, StreamJobsError
+from .metrics import MetricsRecorder, RequeueOutcome
+
+log = logging.getLogger("streamjobs")
+
+
+class Runtime:
+    """The running machinery of one consumer. Constructing it does no I/O.
+
+    Args:
+        hooks: the user's ``handle()`` and hooks.
+        gateway: the Redis commands (or a fake of them).
+        client: the Redis client, for keyspace subscriptions (unused in PROXY mode).
+        name: the consumer's name in the consumer groups.
+    """
+
+    def __init__(
+        self,
+        hooks: Hooks,
+        gateway: StreamGateway,
+        *,
+        client: Any,
+        name: str,
+        config: ConsumerConfig,
+        recovery: RecoveryConfig,
+        cluster_mode: ClusterMode,
+        metrics: MetricsRecorder,
+    ) -> None:
+        self.hooks = hooks
+        self.gateway = gateway
+        self.client = client
+        self.config = config
+        self.metrics = metrics
+        self.name = name
+        self.service = gateway.keys.service
+        self.cluster_mode = cluster_mode
+        self.recoverer = Recoverer(
+            gateway, max_retries=recovery.max_retries, metrics=metrics, service=self.service
+        )
+        self.loops = RecoveryLoops(
+            client,
+            gateway,
+            self.recoverer,
+            recovery=recovery,
+            consumer=config,
+            cluster_mode=cluster_mode,
+            metrics=metrics,
+        )
+        self.owned: dict[str, OwnedStream] = {}
+        self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back
+        self._slot_freed = anyio.Event()
+        self._all_done = anyio.Event()
+        self._all_done.set()
+        self._stop = anyio.Event()
+        self._stopped = anyio.Event()
+        self._ready = anyio.Event()
+        self._draining = False
+        self.running = False
+        self._streams_tg: anyio.abc.TaskGroup | None = None
+        self._cm_tg: anyio.abc.TaskGroup | None = None
+
+    # -- what OwnedStream needs (the Host protocol) --------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def adopt(self, stream: OwnedStream) -> None:
+        self.owned[stream.stream] = stream
+        self.metrics.owned_streams(self.service, len(self.owned))
+
+    def disown(self, stream: OwnedStream) -> None:
+        if self.owned.get(stream.stream) is stream:
+            del self.owned[stream.stream]
+            self.metrics.owned_streams(self.service, len(self.owned))
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        assert self._streams_tg is not None
+        self._streams_tg.start_soon(fn)
+
+    # -- public operations (StreamConsumer delegates here) -------------------------------
+
+    def owned_streams(self) -> frozenset[str]:
+        return frozenset(s for s, o in self.owned.items() if not o.lost)
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def finish(self, stream: str) -> None:
+        owned = self.owned.get(stream)
+        if owned is not None:
+            owned.finish_requested = True
+
+    async def claim(self, assignment_id: str) -> RequeueOutcome:
+        return await self.recoverer.recover(assignment_id)
+
+    async def reset_topology(self) -> None:
+        if self.cluster_mode is ClusterMode.OSS:
+            if not self.running:
+                raise StreamJobsError("reset_topology() needs a running consumer")
+            await self.loops.reset_topology()
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self.running:
+            await self._stopped.wait()
+
+    async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
+        """``async with consumer``: start ``run`` in a task group of our own."""
+        self._cm_tg = anyio.create_task_group()
+        await self._cm_tg.__aenter__()
+        try:
+            await self._cm_tg.start(_started_run, run)
+        except BaseException as exc:
+            await self._cm_tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def exit(self) -> None:
+        self._stop.set()
+        assert self._cm_tg is not None
+        tg, self._cm_tg = self._cm_tg, None
+        await tg.__aexit__(None, None, None)
+
+    async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        if self.running:
+            raise StreamJobsError("this consumer is already running")
+        self.running = True
+        self._stopped = anyio.Event()
+        try:
+            await self.gateway.ensure_group()
+            async with anyio.create_task_group() as tg:
+                await tg.start(self._host_streams)
+                tg.start_soon(self._heartbeat_loop)
+                intake_scope = anyio.CancelScope()
+                tg.start_soon(self._intake_loop, intake_scope)
+                await self.loops.start(tg)
+                self._ready.set()
+                task_status.started()
+                try:
+                    await self._stop.wait()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        intake_scope.cancel()
+                        await self._drain()
+                tg.cancel_scope.cancel()
+        finally:
+            self.running = False
+            self._stopped.set()
+
+    # -- orchestration -----------------------------------------------------------------
+
+    async def _host_streams(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as streams:
+            self._streams_tg = streams
+            task_status.started()
+            await anyio.sleep_forever()
+
+    async def _drain(self) -> None:
+        """Phases 2 and 3 of shutdown: drain within the grace period, then cancel."""
+        self._draining = True
+        for stream in list(self._streams):
+            stream.interrupt()
+        with anyio.move_on_after(self.config.shutdown_grace_s):
+            await self._all_done.wait()
+        for stream in list(self._streams):
+            stream.cancel()
+        with anyio.move_on_after(CLEANUP_TIMEOUT_S * 3):
+            await self._all_done.wait()
+
+    async def _stream_task(self, stream: OwnedStream) -> None:
+        try:
+            await stream.run()
+        finally:
+            self._streams.discard(stream)
+            self._slot_freed.set()
+            self._slot_freed = anyio.Event()
+            if not self._streams:
+                self._all_done.set()
+
+    def _start_stream(self, stream: OwnedStream) -> None:
+        assert self._streams_tg is not None
+        if self._all_done.is_set():
+            self._all_done = anyio.Event()
+        self._streams.add(stream)
+        self._streams_tg.start_soon(self._stream_task, stream)
+
+    async def _intake_loop(self, scope: anyio.CancelScope) -> None:
+        backoff = Backoff()
+        with scope:
+            while True:
+                free = self.config.max_concurrent_streams - len(self._streams)
+                if free <= 0:
+                    await self._slot_freed.wait()
+                    continue
+                try:
+                    batch = await self.gateway.read_assignments(
+                        self.name, free, self.config.read_block_ms
+                    )
+                except REDIS_FAILURES as exc:
+                    self.metrics.loop_error(self.service, "intake")
+                    delay = backoff.next_delay()
+                    log.warning("intake: %s; retrying in %.2fs", exc, delay)
+                    if isinstance(exc, NoSuchGroup):  # the LBS or its group was deleted
+                        with contextlib.suppress(*REDIS_FAILURES):
+                            await self.gateway.ensure_group()
+                    await anyio.sleep(delay)
+                    continue
+                backoff.reset()
+                for entry_id, fields in batch:
+                    try:
+                        assignment = parse_assignment(entry_id, fields)
+                    except InvalidAssignment as exc:
+                        await self._dead_letter_unparseable(entry_id, fields, exc)
+                        continue
+                    self._start_stream(OwnedStream(self, assignment))
+
+    async def _dead_letter_unparseable(
+        self, entry_id: str, fields: RawFields, exc: InvalidAssignment
+    ) -> None:
+        log.warning("assignment %s is unparseable (%s): dead-lettering it", entry_id, exc)
+        try:
+            await self.recoverer.dead_letter_unparseable(entry_id, fields, exc, owner=self.name)
+        except REDIS_FAILURES:
+            # Still pending with no lock: the reconciliation scan dead-letters it later.
+            self.metrics.loop_error(self.service, "intake")
+
+    async def _heartbeat_loop(self) -> None:
+        cfg = self.config
+        retry_s = min(cfg.heartbeat_s, 0.5)
+        delay = cfg.heartbeat_s
+        while True:
+            await anyio.sleep(delay)
+            live = [o for o in self.owned.values() if not o.lost]
+            if not live:
+                delay = cfg.heartbeat_s
+                continue
+            sent = time.monotonic()
+            try:
+                results = await self.gateway.extend_many(
+                    [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
+                )
+            except REDIS_FAILURES as exc:
+                # Tolerated up to the TTL: the local lease stops handing entries once it
+                # lapses, and an extend that succeeds later proves nobody took over.
+                self.metrics.heartbeat(self.service, False)
+                log.warning("heartbeat: Redis unavailable (%s)", exc)
+                delay = retry_s
+                for o in live:
+                    o.heartbeat_failed()
+                continue
+            self.metrics.heartbeat(self.service, True)
+            delay = cfg.heartbeat_s
+            renewed = []
+            for o, extended in zip(live, results, strict=True):
+                if extended:
+                    o.renew(sent)
+                    renewed.append(o.assignment.id)
+                else:
+                    o.mark_lost()
+            try:
+                await self.gateway.record_leases(renewed, cfg.lock_ttl_ms, new=False)
+            except REDIS_FAILURES:
+                self.metrics.loop_error(self.service, "heartbeat")
+
+
+async def _started_run(
+    run: Callable[..., Awaitable[None]], *, task_status: anyio.abc.TaskStatus[None]
+) -> None:
+    await run(task_status=task_status)
