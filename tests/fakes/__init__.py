@@ -1,0 +1,1 @@
+"""In-memory fakes for fast tests that need no Redis."""

@@ -1,0 +1,762 @@
+"""An in-memory fake of :class:`streamjobs._redis.StreamGateway`.
+
+:class:`FakeGateway` keeps the state the Lua scripts and commands of
+:class:`~streamjobs._redis.Gateway` work on in plain Python objects and gives every
+method the observable semantics of its script (streamjobs/lua/*.lua):
+
+* the assignment stream (LBS): entries, one consumer group with a pending list
+  (entry id -> consumer, delivery time);
+* data streams: entries, the group's last-delivered id and pending list, retention
+  (a deadline on the fake clock after ``release(keep_ms > 0)``);
+* lock keys: token and deadline on an injectable clock (monotonic milliseconds);
+* the lease index (assignment id -> deadline) and the dead-letter stream.
+
+Each method runs its whole effect between two awaits, as a script runs atomically on
+the server. Before the effect there is a checkpoint (a cancellation there means the
+command was never sent), then the method's fault and gate, if any (see :meth:`fail`
+and :meth:`gate`). A gate or fault created with ``after=True`` acts once the effect is
+done: the command ran but its reply never arrived. No method leaves half an effect
+behind when cancelled at any of its awaits.
+
+Differences from Redis that the runtime cannot observe: entry ids come from the fake
+clock (``ms-seq``, strictly increasing per stream); ``MAXLEN ~`` trims exactly;
+expired keys are dropped lazily, when next looked at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from streamjobs._deadletter import DEAD_AT_FIELD, Pairs
+from streamjobs._keys import Keys
+from streamjobs._redis import Entry, Pending, RawFields, text
+from streamjobs._wire import EOS_FIELD, EOS_VALUE, RETRY_FIELD, build_fields
+from streamjobs.exceptions import NoSuchGroup, RedisUnavailable
+
+StreamId = tuple[int, int]
+
+METHODS = frozenset(
+    {
+        "ensure_group",
+        "read_assignments",
+        "fetch_assignment",
+        "pending_page",
+        "pending_owner",
+        "lease_scores",
+        "server_time_ms",
+        "finish",
+        "requeue",
+        "dead_letter_assignment",
+        "dead_letter_entry",
+        "acquire",
+        "extend_many",
+        "record_leases",
+        "fenced_read",
+        "wait_for_entries",
+        "release",
+        "lock_exists",
+        "sweep_leases",
+    }
+)
+"""Every method of the ``StreamGateway`` protocol (names :meth:`gate` and :meth:`fail` accept)."""
+
+
+def parse_id(entry_id: str) -> StreamId:
+    """``"ms-seq"`` (or ``"ms"``) as a tuple that orders like Redis orders stream ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(sid: StreamId) -> str:
+    return f"{sid[0]}-{sid[1]}"
+
+
+def monotonic_ms() -> int:
+    """The default clock: the process's monotonic time, milliseconds."""
+    return time.monotonic_ns() // 1_000_000
+
+
+class ManualClock:
+    """A clock that moves only when told to (``advance``); pass it as ``clock=``."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self.now_ms = start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+class _Signal:
+    """Wakes every waiter when something changed (an Event replaced on each change)."""
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None
+
+    def notify(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    def current(self) -> anyio.Event:
+        if self._event is None:
+            self._event = anyio.Event()
+        return self._event
+
+
+class Gate:
+    """Holds calls of one method until :meth:`release` (see :meth:`FakeGateway.gate`).
+
+    Attributes:
+        method: the gated method.
+        after: True if calls are held after their effect (the reply is what waits).
+        entered: set once a call reached the gate.
+        calls: how many calls reached it so far.
+        waiting: how many calls wait at it now.
+    """
+
+    def __init__(self, method: str, after: bool) -> None:
+        self.method = method
+        self.after = after
+        self.entered = anyio.Event()
+        self.calls = 0
+        self.waiting = 0
+        self._released = anyio.Event()
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    def release(self) -> None:
+        """Let every held call and every later one through."""
+        self._released.set()
+
+    async def pass_through(self) -> None:
+        self.calls += 1
+        self.entered.set()
+        if self._released.is_set():
+            return
+        self.waiting += 1
+        try:
+            await self._released.wait()
+        finally:
+            self.waiting -= 1
+
+
+@dataclass
+class _Fault:
+    times: int
+    after: bool
+
+
+@dataclass
+class _Delivery:
+    consumer: str
+    at_ms: int
+    count: int = 1
+
+
+@dataclass
+class _Group:
+    last_delivered: StreamId = (0, 0)
+    pel: dict[str, _Delivery] = field(default_factory=dict)
+
+
+@dataclass
+class _Stream:
+    entries: dict[str, dict[str, bytes | str]] = field(default_factory=dict)
+    last_id: StreamId = (0, 0)
+    group: _Group | None = None
+    expires_at_ms: int | None = None
+
+    def top(self) -> str:
+        """Id of the newest entry ('0-0' if empty), as XREVRANGE + - COUNT 1 gives it."""
+        return next(reversed(self.entries), "0-0")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of a gateway method, as :attr:`FakeGateway.calls` records it."""
+
+    method: str
+    args: tuple[Any, ...]
+
+
+@dataclass
+class _Lock:
+    token: str
+    expires_at_ms: int | None
+
+
+class FakeGateway:
+    """An in-memory ``StreamGateway``; see the module docstring.
+
+    Args:
+        keys: the service's key names (only ``keys.service`` and ``keys.lock()`` matter).
+        clock: milliseconds on a monotonic clock; lock and retention deadlines, lease
+            deadlines, pending idle times and entry ids use it. Default: real time.
+        dlq_maxlen: cap of the dead-letter stream; 0 = unbounded.
+    """
+
+    def __init__(
+        self,
+        keys: Keys | None = None,
+        *,
+        clock: Callable[[], int] = monotonic_ms,
+        dlq_maxlen: int = 0,
+    ) -> None:
+        self.keys = keys or Keys("svc")
+        self.clock = clock
+        self.dlq_maxlen = dlq_maxlen
+        self.calls: list[Call] = []
+        self.lbs_history: list[tuple[str, dict[str, bytes | str]]] = []
+        """Every entry ever added to the assignment stream (re-queues included), in order."""
+        self._lbs = _Stream()
+        self._dlq = _Stream()
+        self._data: dict[str, _Stream] = {}
+        self._locks: dict[str, _Lock] = {}
+        self._leases: dict[str, float] = {}
+        self._lbs_changed = _Signal()
+        self._data_changed = _Signal()
+        self._gates: dict[str, Gate] = {}
+        self._faults: dict[str, _Fault] = {}
+
+    # -- test controls ---------------------------------------------------------------
+
+    def gate(self, method: str, *, after: bool = False) -> Gate:
+        """Hold every call of ``method`` until the returned gate is released.
+
+        ``after=False`` holds a call before it has any effect (still unsent);
+        ``after=True`` runs its effect first and holds its reply.
+        """
+        self._check_method(method)
+        gate = Gate(method, after)
+        self._gates[method] = gate
+        return gate
+
+    def fail(self, method: str, times: int = 1, *, after: bool = False) -> None:
+        """Make the next ``times`` calls of ``method`` raise ``RedisUnavailable``.
+
+        ``after=True``: the call takes effect first, then raises (a lost reply).
+        """
+        self._check_method(method)
+        self._faults[method] = _Fault(times, after)
+
+    def calls_of(self, method: str) -> list[tuple[Any, ...]]:
+        """The arguments of every call of ``method`` so far."""
+        return [c.args for c in self.calls if c.method == method]
+
+    @staticmethod
+    def _check_method(method: str) -> None:
+        if method not in METHODS:
+            raise ValueError(f"{method!r} is not a StreamGateway method")
+
+    # -- producing (synchronous helpers) ---------------------------------------------
+
+    def add_assignment(
+        self, stream: str, info: Mapping[str, Any] | None = None, /, **extra: str
+    ) -> str:
+        """Append an assignment for ``stream`` (``extra``: more fields, e.g. ``_retry_count``)."""
+        return self.add_raw_assignment({**build_fields(stream, info), **extra})
+
+    def add_raw_assignment(self, fields: Mapping[str, bytes | str]) -> str:
+        """Append an assignment entry with exactly these fields (even unparseable ones)."""
+        return self._xadd_lbs(dict(fields))
+
+    def append(self, stream: str, fields: Mapping[str, str]) -> str:
+        """Append an entry to a data stream (created if missing); returns its id."""
+        if not fields:
+            raise ValueError("a stream entry needs at least one field")
+        s = self._data_stream(stream)
+        if s is None:
+            s = self._data[stream] = _Stream()
+        entry_id = self._xadd(s, dict(fields))
+        self._data_changed.notify()
+        return entry_id
+
+    def append_many(self, stream: str, count: int, start: int = 0) -> list[str]:
+        """Append ``count`` entries ``{"n": str(i)}``; returns their ids."""
+        return [self.append(stream, {"n": str(i)}) for i in range(start, start + count)]
+
+    def close(self, stream: str) -> str:
+        """Append the end-of-stream marker."""
+        return self.append(stream, {EOS_FIELD: EOS_VALUE})
+
+    # -- forcing state ------------------------------------------------------------------
+
+    def expire_lock(self, stream: str) -> None:
+        """Make the lock of ``stream`` expire now (as if its TTL had run out)."""
+        self._locks.pop(self.keys.lock(stream), None)
+
+    def set_lock(self, stream: str, token: str, ttl_ms: int | None = None) -> None:
+        """Make someone else hold the lock of ``stream`` (no TTL by default)."""
+        expires = None if ttl_ms is None else self.clock() + ttl_ms
+        self._locks[self.keys.lock(stream)] = _Lock(token, expires)
+
+    # -- inspection ---------------------------------------------------------------------
+
+    @property
+    def locks(self) -> dict[str, str]:
+        """Live locks: data stream -> token."""
+        out = {}
+        for key in list(self._locks):
+            lock = self._live_lock(key)
+            stream = self.keys.stream_of_lock(key)
+            if lock is not None and stream is not None:
+                out[stream] = lock.token
+        return out
+
+    def lock_token(self, stream: str) -> str | None:
+        lock = self._live_lock(self.keys.lock(stream))
+        return None if lock is None else lock.token
+
+    def lock_ttl_ms(self, stream: str) -> int | None:
+        """Time left on the lock (None: no lock, or no TTL)."""
+        lock = self._live_lock(self.keys.lock(stream))
+        if lock is None or lock.expires_at_ms is None:
+            return None
+        return lock.expires_at_ms - self.clock()
+
+    @property
+    def leases(self) -> dict[str, float]:
+        """The lease index: assignment id -> deadline (fake-clock ms)."""
+        return dict(self._leases)
+
+    @property
+    def lbs_entries(self) -> list[tuple[str, dict[str, bytes | str]]]:
+        """Entries now in the assignment stream, oldest first."""
+        return [(i, dict(f)) for i, f in self._lbs.entries.items()]
+
+    @property
+    def lbs_pending(self) -> dict[str, str]:
+        """The assignment group's pending list: entry id -> consumer."""
+        group = self._lbs.group
+        return {} if group is None else {i: d.consumer for i, d in group.pel.items()}
+
+    @property
+    def lbs_undelivered(self) -> list[str]:
+        """Ids of assignments no consumer has read yet."""
+        group = self._lbs.group
+        last = (0, 0) if group is None else group.last_delivered
+        return [i for i in self._lbs.entries if parse_id(i) > last]
+
+    def data_exists(self, stream: str) -> bool:
+        return self._data_stream(stream) is not None
+
+    def data_entries(self, stream: str) -> list[tuple[str, dict[str, str]]]:
+        s = self._data_stream(stream)
+        return [] if s is None else [(i, _decode(f)) for i, f in s.entries.items()]
+
+    def data_pending(self, stream: str) -> dict[str, str]:
+        """The data stream's pending list: entry id -> consumer."""
+        s = self._data_stream(stream)
+        if s is None or s.group is None:
+            return {}
+        return {i: d.consumer for i, d in sorted(s.group.pel.items(), key=_by_id)}
+
+    def data_acked(self, stream: str) -> list[str]:
+        """Ids of existing entries that were delivered and acknowledged."""
+        s = self._data_stream(stream)
+        if s is None or s.group is None:
+            return []
+        g = s.group
+        return [i for i in s.entries if parse_id(i) <= g.last_delivered and i not in g.pel]
+
+    def data_ttl_ms(self, stream: str) -> int | None:
+        """Retention left on a data stream (None: no TTL, or no stream)."""
+        s = self._data_stream(stream)
+        if s is None or s.expires_at_ms is None:
+            return None
+        return s.expires_at_ms - self.clock()
+
+    @property
+    def dead_letters(self) -> list[tuple[str, dict[str, str]]]:
+        """The dead-letter stream, oldest first (values decoded like redis replies)."""
+        return [(i, _decode(f)) for i, f in self._dlq.entries.items()]
+
+    # -- the protocol: assignment stream ------------------------------------------------
+
+    async def ensure_group(self) -> None:
+        await self._enter("ensure_group")
+        if self._lbs.group is None:
+            self._lbs.group = _Group()
+        await self._leave("ensure_group")
+
+    async def read_assignments(
+        self, consumer: str, count: int, block_ms: int
+    ) -> list[tuple[str, RawFields]]:
+        await self._enter("read_assignments", consumer, count, block_ms)
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            group = self._lbs.group
+            if group is None:
+                raise NoSuchGroup("NOGROUP (fake): the assignment group does not exist")
+            batch = self._deliver_new(self._lbs, group, consumer, count)
+            if batch:
+                out = [(i, dict(f)) for i, f in batch]
+                await self._leave("read_assignments")
+                return out
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                await self._leave("read_assignments")
+                return []
+            changed = self._lbs_changed.current()
+            with anyio.move_on_after(remaining):
+                await changed.wait()
+
+    async def fetch_assignment(self, entry_id: str) -> RawFields | None:
+        await self._enter("fetch_assignment", entry_id)
+        fields = self._lbs.entries.get(entry_id)
+        out = None if fields is None else dict(fields)
+        await self._leave("fetch_assignment")
+        return out
+
+    async def pending_page(self, min_idle_ms: int, start: str, count: int) -> list[Pending]:
+        await self._enter("pending_page", min_idle_ms, start, count)
+        group = self._lbs.group
+        if group is None:
+            raise NoSuchGroup("NOGROUP (fake): the assignment group does not exist")
+        if start == "-":
+            lowest, inclusive = (0, 0), True
+        elif start.startswith("("):
+            lowest, inclusive = parse_id(start[1:]), False
+        else:
+            lowest, inclusive = parse_id(start), True
+        now = self.clock()
+        out = []
+        for entry_id, d in sorted(group.pel.items(), key=_by_id):
+            sid = parse_id(entry_id)
+            if sid < lowest or (sid == lowest and not inclusive):
+                continue
+            if now - d.at_ms < min_idle_ms:
+                continue
+            out.append(Pending(id=entry_id, consumer=d.consumer))
+            if len(out) >= count:
+                break
+        await self._leave("pending_page")
+        return out
+
+    async def pending_owner(self, entry_id: str) -> str:
+        await self._enter("pending_owner", entry_id)
+        group = self._lbs.group
+        if group is None:
+            raise NoSuchGroup("NOGROUP (fake): the assignment group does not exist")
+        d = group.pel.get(entry_id)
+        await self._leave("pending_owner")
+        return "" if d is None else d.consumer
+
+    async def lease_scores(self, ids: Sequence[str]) -> list[float | None]:
+        await self._enter("lease_scores", tuple(ids))
+        out = [self._leases.get(i) for i in ids]
+        await self._leave("lease_scores")
+        return out
+
+    async def server_time_ms(self) -> int:
+        await self._enter("server_time_ms")
+        now = self.clock()
+        await self._leave("server_time_ms")
+        return now
+
+    async def finish(self, assignment_id: str) -> bool:
+        """finish.lua: XACK; ZREM the lease; XDEL if the XACK acked."""
+        await self._enter("finish", assignment_id)
+        acked = self._xack_lbs(assignment_id)
+        self._leases.pop(assignment_id, None)
+        if acked:
+            self._lbs.entries.pop(assignment_id, None)
+        await self._leave("finish")
+        return acked
+
+    async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+        """requeue.lua: ZREM the lease; XACK (stop if 0); XADD a copy to the tail; XDEL."""
+        await self._enter("requeue", assignment_id, retry_count)
+        new_id = self._requeue(assignment_id, retry_count)
+        await self._leave("requeue")
+        return new_id
+
+    def _requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+        self._leases.pop(assignment_id, None)
+        if not self._xack_lbs(assignment_id):
+            return None
+        src = self._lbs.entries.get(assignment_id)
+        if src is None:
+            return None
+        out = dict(src)  # same field order; the retry field keeps its place
+        if retry_count is not None:
+            out[RETRY_FIELD] = str(retry_count)
+        new_id = self._xadd_lbs(out)
+        self._lbs.entries.pop(assignment_id, None)
+        return new_id
+
+    async def dead_letter_assignment(
+        self, assignment_id: str, meta: Pairs
+    ) -> tuple[str, int] | None:
+        """dead_letter.lua: ZREM; XACK (stop if 0); XADD fields + meta to the DLQ; XDEL."""
+        await self._enter("dead_letter_assignment", assignment_id, tuple(meta))
+        result = None
+        self._leases.pop(assignment_id, None)
+        if self._xack_lbs(assignment_id):
+            replaced = {DEAD_AT_FIELD} | {k for k, _ in meta}
+            src = self._lbs.entries.get(assignment_id, {})
+            out: dict[str, bytes | str] = {k: v for k, v in src.items() if k not in replaced}
+            out.update(meta)
+            out[DEAD_AT_FIELD] = str(self.clock())
+            result = self._xadd_dlq(out)
+            self._lbs.entries.pop(assignment_id, None)
+        await self._leave("dead_letter_assignment")
+        return result
+
+    async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]:
+        """dlq_add.lua: XADD the fields and the time to the DLQ."""
+        await self._enter("dead_letter_entry", tuple(fields))
+        out: dict[str, bytes | str] = dict(fields)
+        out.pop(DEAD_AT_FIELD, None)  # the script appends its own at the end
+        out[DEAD_AT_FIELD] = str(self.clock())
+        result = self._xadd_dlq(out)
+        await self._leave("dead_letter_entry")
+        return result
+
+    # -- the protocol: locks and data streams ------------------------------------------
+
+    async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool:
+        """acquire.lua: our token -> 1 (TTL untouched); held -> 0; else lock + group at 0."""
+        await self._enter("acquire", stream, token, ttl_ms)
+        key = self.keys.lock(stream)
+        lock = self._live_lock(key)
+        if lock is not None:
+            taken = lock.token == token
+        else:
+            self._locks[key] = _Lock(token, self.clock() + ttl_ms)
+            s = self._data_stream(stream)
+            if s is None:
+                s = self._data[stream] = _Stream()
+            if s.group is None:
+                s.group = _Group()
+            taken = True
+        await self._leave("acquire")
+        return taken
+
+    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """extend.lua per lock: PEXPIRE only if the token matches; never re-create."""
+        await self._enter("extend_many", tuple(locks), ttl_ms)
+        out = []
+        for stream, token in locks:
+            lock = self._live_lock(self.keys.lock(stream))
+            if lock is not None and lock.token == token:
+                lock.expires_at_ms = self.clock() + ttl_ms
+                out.append(True)
+            else:
+                out.append(False)
+        await self._leave("extend_many")
+        return out
+
+    async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:
+        """lease.lua: ZADD (new) or ZADD XX (update) of now + ttl_ms."""
+        await self._enter("record_leases", tuple(ids), ttl_ms, new)
+        deadline = float(self.clock() + ttl_ms)
+        for i in ids:
+            if new or i in self._leases:
+                self._leases[i] = deadline
+        await self._leave("record_leases")
+
+    async def fenced_read(
+        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+    ) -> tuple[bool, str, list[Entry]]:
+        """read.lua: token check; XACK ``ack``; pending entries first (claimed from
+        whoever holds them), else new ones; the newest id when nothing was read."""
+        await self._enter("fenced_read", stream, token, consumer, count, tuple(ack))
+        result = self._fenced_read(stream, token, consumer, count, ack)
+        await self._leave("fenced_read")
+        return result
+
+    def _fenced_read(
+        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+    ) -> tuple[bool, str, list[Entry]]:
+        lock = self._live_lock(self.keys.lock(stream))
+        if lock is None or lock.token != token:
+            return False, "", []
+        s = self._data_stream(stream)
+        group = None if s is None else s.group
+        for entry_id in ack:  # XACK of a missing key or group acks nothing
+            if group is not None:
+                group.pel.pop(entry_id, None)
+        if count == 0:
+            return True, "0-0", []
+        if s is None or group is None:
+            raise NoSuchGroup(f"NOGROUP (fake): no group on {stream!r}")
+        # XAUTOCLAIM 0 from 0-0: pending entries of any consumer, oldest first; entries
+        # deleted from the stream leave the pending list and are not returned.
+        now = self.clock()
+        claimed: list[Entry] = []
+        for entry_id, d in sorted(group.pel.items(), key=_by_id):
+            if len(claimed) >= count:
+                break
+            fields = s.entries.get(entry_id)
+            if fields is None:
+                del group.pel[entry_id]
+                continue
+            d.consumer, d.at_ms, d.count = consumer, now, d.count + 1
+            claimed.append((entry_id, _decode(fields)))
+        if claimed:
+            return True, "0-0", claimed
+        new = self._deliver_new(s, group, consumer, count)
+        if new:
+            return True, "0-0", [(i, _decode(f)) for i, f in new]
+        return True, s.top(), []
+
+    async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None:
+        """XREAD BLOCK: return once ``stream`` has an entry newer than ``after_id``."""
+        await self._enter("wait_for_entries", stream, after_id, block_ms)
+        after = parse_id(after_id)
+        with anyio.move_on_after(block_ms / 1000):
+            while True:
+                s = self._data_stream(stream)
+                if s is not None and s.entries and parse_id(s.top()) > after:
+                    break
+                await self._data_changed.current().wait()
+        await self._leave("wait_for_entries")
+
+    async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
+        """release.lua: token check; XACK ``ack``; DEL the lock; retention of the stream."""
+        await self._enter("release", stream, token, keep_ms, tuple(ack))
+        key = self.keys.lock(stream)
+        lock = self._live_lock(key)
+        released = lock is not None and lock.token == token
+        if released:
+            s = self._data_stream(stream)
+            if s is not None and s.group is not None:
+                for entry_id in ack:
+                    s.group.pel.pop(entry_id, None)
+            del self._locks[key]
+            if keep_ms == 0:
+                self._data.pop(stream, None)
+            elif keep_ms > 0 and s is not None:
+                s.expires_at_ms = self.clock() + keep_ms
+        await self._leave("release")
+        return released
+
+    async def lock_exists(self, stream: str) -> bool:
+        await self._enter("lock_exists", stream)
+        exists = self._live_lock(self.keys.lock(stream)) is not None
+        await self._leave("lock_exists")
+        return exists
+
+    async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
+        """sweep.lua: members due before now + horizon (by score, then member), pushed
+        ``recheck_ms`` into the future."""
+        await self._enter("sweep_leases", horizon_ms, limit, recheck_ms)
+        now = self.clock()
+        due = sorted(
+            ((score, member) for member, score in self._leases.items() if score <= now + horizon_ms)
+        )[:limit]
+        for _, member in due:
+            self._leases[member] = float(now + recheck_ms)
+        await self._leave("sweep_leases")
+        return [member for _, member in due]
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _enter(self, method: str, *args: Any) -> None:
+        """Record the call; the send checkpoint; a fault or gate placed before the effect."""
+        self.calls.append(Call(method, args))
+        await anyio.lowlevel.checkpoint()
+        fault = self._faults.get(method)
+        if fault is not None and not fault.after and fault.times > 0:
+            fault.times -= 1
+            raise RedisUnavailable(f"fake: {method} failed before running")
+        gate = self._gates.get(method)
+        if gate is not None and not gate.after:
+            await gate.pass_through()
+
+    async def _leave(self, method: str) -> None:
+        """A fault or gate placed after the effect (the reply is lost or late)."""
+        fault = self._faults.get(method)
+        if fault is not None and fault.after and fault.times > 0:
+            fault.times -= 1
+            raise RedisUnavailable(f"fake: {method} ran but its reply was lost")
+        gate = self._gates.get(method)
+        if gate is not None and gate.after:
+            await gate.pass_through()
+
+    def _live_lock(self, key: str) -> _Lock | None:
+        lock = self._locks.get(key)
+        if (
+            lock is not None
+            and lock.expires_at_ms is not None
+            and lock.expires_at_ms <= self.clock()
+        ):
+            del self._locks[key]
+            return None
+        return lock
+
+    def _data_stream(self, stream: str) -> _Stream | None:
+        s = self._data.get(stream)
+        if s is not None and s.expires_at_ms is not None and s.expires_at_ms <= self.clock():
+            del self._data[stream]
+            return None
+        return s
+
+    def _xadd(self, s: _Stream, fields: dict[str, bytes | str]) -> str:
+        now = self.clock()
+        sid = (now, 0) if now > s.last_id[0] else (s.last_id[0], s.last_id[1] + 1)
+        s.last_id = sid
+        entry_id = format_id(sid)
+        s.entries[entry_id] = fields
+        return entry_id
+
+    def _xadd_lbs(self, fields: dict[str, bytes | str]) -> str:
+        entry_id = self._xadd(self._lbs, fields)
+        self.lbs_history.append((entry_id, dict(fields)))
+        self._lbs_changed.notify()
+        return entry_id
+
+    def _xadd_dlq(self, fields: dict[str, bytes | str]) -> tuple[str, int]:
+        before = len(self._dlq.entries)
+        entry_id = self._xadd(self._dlq, fields)
+        if self.dlq_maxlen > 0:
+            while len(self._dlq.entries) > self.dlq_maxlen:
+                del self._dlq.entries[next(iter(self._dlq.entries))]
+        return entry_id, before + 1 - len(self._dlq.entries)
+
+    def _xack_lbs(self, entry_id: str) -> bool:
+        group = self._lbs.group
+        return group is not None and group.pel.pop(entry_id, None) is not None
+
+    def _deliver_new(
+        self, s: _Stream, group: _Group, consumer: str, count: int
+    ) -> list[tuple[str, dict[str, bytes | str]]]:
+        """XREADGROUP ``>``: up to ``count`` entries after the last delivered one."""
+        now = self.clock()
+        out: list[tuple[str, dict[str, bytes | str]]] = []
+        for entry_id, fields in _newer(s, group.last_delivered):
+            if len(out) >= count:
+                break
+            group.pel[entry_id] = _Delivery(consumer, now)
+            group.last_delivered = parse_id(entry_id)
+            out.append((entry_id, fields))
+        return out
+
+
+def _newer(s: _Stream, after: StreamId) -> Iterator[tuple[str, dict[str, bytes | str]]]:
+    for entry_id, fields in s.entries.items():
+        if parse_id(entry_id) > after:
+            yield entry_id, fields
+
+
+def _by_id(item: tuple[str, object]) -> StreamId:
+    return parse_id(item[0])
+
+
+def _decode(fields: Mapping[str, bytes | str]) -> dict[str, str]:
+    return {k: text(v) for k, v in fields.items()}
+
+
+__all__ = ["METHODS", "Call", "FakeGateway", "Gate", "ManualClock", "format_id", "parse_id"]
