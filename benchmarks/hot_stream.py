@@ -42,7 +42,7 @@ import redis.asyncio
 from redis.utils import HIREDIS_AVAILABLE
 
 from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
-from streamjobs._local_redis import LocalRedisError, answers, private_redis
+from streamjobs.testing import RedisServer, RedisServerError, answers
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 PAYLOAD_BYTES = 100
@@ -51,8 +51,6 @@ BARE = "bare"
 STREAMJOBS = "streamjobs"
 # Commands the harness itself sends while a contender is measured.
 HARNESS_COMMANDS = frozenset({"info", "config|resetstat"})
-_SERVER_START_TIMEOUT_S = 10.0
-_RESERVED_PORTS = range(6379, 6401)
 
 
 class BenchmarkError(RuntimeError):
@@ -72,13 +70,15 @@ class Target:
 def redis_target(url: str, use_url: bool) -> Iterator[Target]:
     """A private server unless ``use_url`` (or no ``redis-server`` binary is installed)."""
     if not use_url:
-        binary = shutil.which("redis-server")
-        if binary is not None:
+        if shutil.which("redis-server") is not None:
             try:
-                with private_redis(binary, prefix="streamjobs-bench-") as server:
-                    yield Target(server.url, private=True)
-            except LocalRedisError as exc:
+                server = RedisServer(dir_prefix="streamjobs-bench-").start()
+            except RedisServerError as exc:
                 raise BenchmarkError(str(exc)) from exc
+            try:
+                yield Target(server.url, private=True)
+            finally:
+                server.stop()
             return
         print(f"note: redis-server is not on PATH; using {url}", flush=True)
     if not answers(url, timeout_s=2.0):

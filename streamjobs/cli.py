@@ -1,4 +1,4 @@
-"""Command line: ``streamjobs worker`` and ``streamjobs demo``.
+"""Command line: ``streamjobs worker``.
 
 Only this module installs signal handlers: SIGTERM or SIGINT starts a graceful
 shutdown; a second one stops at once.
@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from .config import ClusterMode, ConsumerConfig, RecoveryConfig
+from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer
 from .exceptions import ConfigurationError, StreamJobsError
 
@@ -53,6 +53,24 @@ def load_consumer_class(path: str) -> type[StreamConsumer]:
     return obj
 
 
+# Options that set one configuration field each: (flag, field, type, help). Their
+# defaults are the dataclasses' own: an option not given is not passed on.
+_CONSUMER_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+    ("--concurrency", "max_concurrent_streams", int, "max concurrent streams"),
+    ("--lock-ttl", "lock_ttl_s", float, "lock TTL, seconds"),
+    ("--heartbeat", "heartbeat_interval_s", float, "heartbeat interval, seconds"),
+    ("--batch", "read_batch_size", int, "entries read per round trip"),
+    ("--block-ms", "read_block_ms", int, "how long an idle read blocks, milliseconds"),
+    ("--max-attempts", "max_handler_attempts", int, "handler attempts per entry"),
+    ("--grace", "shutdown_grace_s", float, "shutdown grace period, seconds"),
+)
+_RECOVERY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+    ("--scan-interval", "interval_s", float, "reconciliation scan period, seconds"),
+    ("--min-idle", "min_idle_s", float, "scan only assignments idle this long, seconds"),
+    ("--max-retries", "max_retries", int, "re-queues before an assignment is dead-lettered"),
+)
+
+
 def _worker_args(sub: Any) -> None:
     p = sub.add_parser("worker", help="run consumers of a StreamConsumer subclass")
     p.add_argument("target", metavar="MODULE:CLASS")
@@ -60,16 +78,8 @@ def _worker_args(sub: Any) -> None:
     p.add_argument("--redis-url", default=DEFAULT_URL)
     p.add_argument("--cluster", action="store_true", help="connect to an OSS Redis Cluster")
     p.add_argument("--consumer-name", default=None)
-    p.add_argument("--concurrency", type=int, default=10, help="max concurrent streams")
-    p.add_argument("--lock-ttl", type=float, default=10.0, help="lock TTL, seconds")
-    p.add_argument("--heartbeat", type=float, default=None, help="heartbeat interval, seconds")
-    p.add_argument("--batch", type=int, default=100, help="entries read per round trip")
-    p.add_argument("--block-ms", type=int, default=1000)
-    p.add_argument("--max-attempts", type=int, default=3, help="handler attempts per entry")
-    p.add_argument("--grace", type=float, default=10.0, help="shutdown grace period, seconds")
-    p.add_argument("--scan-interval", type=float, default=30.0)
-    p.add_argument("--min-idle", type=float, default=None)
-    p.add_argument("--max-retries", type=int, default=3)
+    for flag, field, kind, text in (*_CONSUMER_OPTIONS, *_RECOVERY_OPTIONS):
+        p.add_argument(flag, dest=field, type=kind, default=None, help=f"{text} ({field})")
     p.add_argument(
         "--no-configure-keyspace",
         action="store_true",
@@ -78,24 +88,24 @@ def _worker_args(sub: Any) -> None:
     p.add_argument("--log-level", default="INFO")
 
 
+def _given(
+    ns: argparse.Namespace, options: tuple[tuple[str, str, type, str], ...]
+) -> dict[str, Any]:
+    return {f: getattr(ns, f) for _, f, _, _ in options if getattr(ns, f) is not None}
+
+
 def build_configs(ns: argparse.Namespace) -> tuple[ConsumerConfig, RecoveryConfig]:
-    consumer = ConsumerConfig(
-        lock_ttl_s=ns.lock_ttl,
-        heartbeat_interval_s=ns.heartbeat,
-        max_concurrent_streams=ns.concurrency,
-        read_batch_size=ns.batch,
-        read_block_ms=ns.block_ms,
-        max_handler_attempts=ns.max_attempts,
-        shutdown_grace_s=ns.grace,
+    """The configurations the command line asks for; unset options keep their defaults.
+
+    Raises:
+        ConfigurationError: a value breaks a rule (names the field).
+    """
+    consumer = ConsumerConfig(**_given(ns, _CONSUMER_OPTIONS))
+    recovery = _given(ns, _RECOVERY_OPTIONS)
+    recovery.setdefault("min_idle_s", default_min_idle_s(consumer.lock_ttl_s))
+    return consumer, RecoveryConfig(
+        **recovery, configure_keyspace_events=not ns.no_configure_keyspace
     )
-    min_idle = ns.min_idle if ns.min_idle is not None else max(15.0, ns.lock_ttl * 1.5)
-    recovery = RecoveryConfig(
-        interval_s=ns.scan_interval,
-        min_idle_s=min_idle,
-        max_retries=ns.max_retries,
-        configure_keyspace_events=not ns.no_configure_keyspace,
-    )
-    return consumer, recovery
 
 
 def connect(url: str, *, cluster: bool) -> Any:
@@ -165,34 +175,17 @@ async def serve(consumer: StreamConsumer) -> None:
     log.info("consumer %s stopped", consumer.consumer_name)
 
 
-def _demo_args(sub: Any) -> None:
-    p = sub.add_parser("demo", help="a fleet of consumers processing and recovering")
-    p.add_argument("--redis-url", default=DEFAULT_URL)
-    p.add_argument("--consumers", type=int, default=3)
-    p.add_argument("--streams", type=int, default=12)
-    p.add_argument("--entries", type=int, default=40)
-    p.add_argument("--lock-ttl", type=float, default=3.0)
-    p.add_argument("--work-ms", type=int, default=20, help="simulated work per entry, ms")
-    p.add_argument("--timeout", type=float, default=50.0, help="give up after this, seconds")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamjobs")
     sub = parser.add_subparsers(dest="command", required=True)
     _worker_args(sub)
-    _demo_args(sub)
     ns = parser.parse_args(argv)
     level = getattr(ns, "log_level", "INFO")
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        if ns.command == "worker":
-            anyio.run(run_worker, ns)
-        else:
-            from ._demo import run_demo
-
-            return run_demo(ns)
+        anyio.run(run_worker, ns)
     except CliError as exc:
         print(f"streamjobs: error: {exc}", file=sys.stderr)
         return 2

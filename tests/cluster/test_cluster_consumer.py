@@ -24,8 +24,8 @@ from streamjobs import (
 )
 from streamjobs._keys import Keys
 from streamjobs._notifications import ClusterWatcher
-from tests._cluster import ClusterEndpoint, LocalCluster
-from tests._cluster_fixtures import close_cluster_client
+from streamjobs.consumer import runtime_of
+from tests.harness.cluster import ClusterEndpoint, LocalCluster, close_cluster_client
 from tests.integration._helpers import Recorder, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
@@ -56,7 +56,7 @@ def psubscribers(port: int) -> int:
 
 
 def watcher(c: Recorder) -> ClusterWatcher:
-    w = c._loops.watcher
+    w = runtime_of(c).loops.watcher
     assert w is not None
     return w
 
@@ -89,9 +89,7 @@ def names_on_each_primary(rc: RedisCluster, prefix: str, per_primary: int = 1) -
 
 
 def make(rc: RedisCluster, service: str, **kw: Any) -> Recorder:
-    c = Recorder(rc, service=service, cluster_mode=ClusterMode.OSS, **kw)
-    c._init_lists()
-    return c
+    return Recorder(rc, service=service, cluster_mode=ClusterMode.OSS, **kw)
 
 
 async def test_one_subscription_per_primary_through_resets(
@@ -182,7 +180,6 @@ async def test_graceful_failover_loses_nothing_and_is_detected(
         config=ConsumerConfig(lock_ttl_s=6, read_block_ms=100),
         recovery=RecoveryConfig(topology_check_interval_s=0.5, min_idle_s=10),
     )
-    c._init_lists()
     async with c:
 
         async def owns_target() -> bool:
@@ -237,8 +234,6 @@ async def test_crash_failover_under_load(
     rec = RecoveryConfig(min_idle_s=12, interval_s=2, topology_check_interval_s=0.5)
     a = Slow(rc, service=service, cluster_mode=ClusterMode.OSS, config=cfg, recovery=rec)
     b = Slow(rc, service=service, cluster_mode=ClusterMode.OSS, config=cfg, recovery=rec)
-    a._init_lists()
-    b._init_lists()
     async with a, b:
 
         async def busy() -> bool:

@@ -1,4 +1,4 @@
-"""Tests of the cluster fixtures themselves (`tests/_cluster.py`, `conftest.py`).
+"""Tests of the cluster fixtures themselves (`tests/harness/cluster.py`, `plugin.py`).
 
 The destructive tests print what they measured (start-up, failover); run with `-s`
 to see it.
@@ -6,7 +6,6 @@ to see it.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import MovedError
 
-from tests._cluster import ClusterEndpoint, ClusterStartupError, LocalCluster
+from tests.harness.cluster import ClusterEndpoint, ClusterStartupError, LocalCluster
+from tests.harness.processes import child_pids, pid_alive
 
 pytestmark = pytest.mark.cluster
 
@@ -26,32 +26,6 @@ def _require_local(cluster: ClusterEndpoint) -> LocalCluster:
     if not isinstance(cluster, LocalCluster):
         pytest.skip("needs a cluster this session started (not STREAMJOBS_TEST_CLUSTER_URL)")
     return cluster
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _child_pids() -> set[int]:
-    """Pids of this process's children, from /proc (Linux)."""
-    me = os.getpid()
-    children: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        # "pid (comm) state ppid ...": comm may contain spaces, so split after ")".
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == me:
-            children.add(int(entry.name))
-    return children
 
 
 def test_shared_cluster_has_three_primaries_each_with_a_replica(
@@ -126,7 +100,7 @@ def test_sigkill_of_a_primary_promotes_its_replica(fresh_cluster: LocalCluster) 
 
     started = time.monotonic()
     cluster.kill_node(victim)
-    assert not _alive(victim_pid)
+    assert not pid_alive(victim_pid)
     promoted_s = cluster.wait_role(heir, "master", timeout_s=30)
     cluster.wait_settled(timeout_s=30)
     settled_s = time.monotonic() - started
@@ -177,7 +151,7 @@ def test_stop_leaves_no_process_and_no_files(fresh_cluster: LocalCluster) -> Non
     cluster.stop()
     cluster.stop()  # idempotent
     deadline = time.monotonic() + 5
-    while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+    while (alive := [pid for pid in pids if pid_alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.01)
     print(f"\nstop: all nodes gone after {time.monotonic() - started:.2f} s")
     assert alive == []
@@ -187,10 +161,10 @@ def test_stop_leaves_no_process_and_no_files(fresh_cluster: LocalCluster) -> Non
 
 @pytest.mark.usefixtures("require_cluster_binaries")
 def test_failed_start_stops_what_it_started_and_shows_logs() -> None:
-    before = _child_pids()
+    before = child_pids()
     cluster = LocalCluster(node_extra_args={5: ["--no-such-directive", "1"]})
     with pytest.raises(ClusterStartupError, match="no-such-directive") as info:
         cluster.start()
     assert "Bad directive" in str(info.value)  # the failing node's log tail
     assert cluster.pids == []
-    assert _child_pids() <= before
+    assert child_pids() <= before

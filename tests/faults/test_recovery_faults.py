@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis as SyncRedis
 
-from tests._servers import RedisServer, RedisServerFactory
+from streamjobs.testing import RedisServer
+from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
 
-from ._fleet import (
-    Fleet,
+from ._history import (
     all_done,
     assert_clean,
     duplicates,
@@ -61,143 +61,147 @@ def recovery_time(records: list, victim: str, victim_streams: set[str], kill_ms:
     return float(min(after) - kill_ms) / 1000
 
 
-def test_kill_9_mid_handler(server: RedisServer, sync: SyncRedis, service: str, uid: str) -> None:
+def test_kill_9_mid_handler(
+    server: RedisServer,
+    sync: SyncRedis,
+    service: str,
+    uid: str,
+    worker_fleet_factory: WorkerFleetFactory,
+) -> None:
     streams = [f"d:{uid}:{i}" for i in range(30)]
     # Each consumer takes at most 15 of the 30 streams: c0 starts first and fills up,
     # the other two share the rest and keep free slots for c0's streams.
-    fleet = Fleet(server.url, service, TARGET, [*ARGS, "--concurrency", "15"])
-    try:
-        fleet.start("c0")
-        total = produce(sync, service, streams, 20, {"work_ms": 60})
-        victim = "c0"
-        owned = wait_for(
-            lambda: (
-                {s for s, o in owners(sync, service, streams).items() if o == victim}
-                if any(x.consumer == victim for x in history(sync, service))
-                else set()
-            ),
-            15,
-            "the victim to own streams and handle entries",
-        )
-        fleet.start("c1")
-        fleet.start("c2")
-        wait_for(
-            lambda: {x.consumer for x in history(sync, service)} - {"c0"},
-            15,
-            "another consumer to start working",
-        )
-        owned = {s for s, o in owners(sync, service, streams).items() if o == victim}
-        assert owned, "the victim finished its streams before it could be killed"
-        kill_ms = int(time.time() * 1000)
-        fleet.workers[0].signal(signal.SIGKILL)
-        fleet.workers[0].proc.wait(5)
-        handled_by_victim = {
-            (x.stream, x.id) for x in history(sync, service) if x.consumer == victim
-        }
-        wait_for(lambda: all_done(sync, service, total), 60, "every entry to be handled")
-        records = history(sync, service)
-        assert {(x.stream, x.id) for x in records} >= {
-            (s, i) for s in streams for i in {x.id for x in records if x.stream == s}
-        }
-        dups = duplicates(records)
-        # Only entries the victim had handled but not yet acked (one batch per stream).
-        assert set(dups) <= handled_by_victim
-        assert sum(dups.values()) <= len(owned) * 10
-        rt = recovery_time(records, victim, owned, kill_ms)
-        print(f"\nkill -9: owned={len(owned)} recovery_s={rt:.2f} duplicates={sum(dups.values())}")
-        assert rt < LOCK_TTL_S + MARGIN_S
-        assert len({(x.stream, x.id) for x in records}) == total
-        assert sync.xlen(f"streamjobs:{{{service}}}:dlq") == 0
-        assert_clean(sync, service, streams)
-    finally:
-        fleet.close()
+    fleet = worker_fleet_factory(server.url, TARGET, [*ARGS, "--concurrency", "15"])
+    fleet.start("c0")
+    total = produce(sync, service, streams, 20, {"work_ms": 60})
+    victim = "c0"
+    owned = wait_for(
+        lambda: (
+            {s for s, o in owners(sync, service, streams).items() if o == victim}
+            if any(x.consumer == victim for x in history(sync, service))
+            else set()
+        ),
+        15,
+        "the victim to own streams and handle entries",
+    )
+    fleet.start("c1")
+    fleet.start("c2")
+    wait_for(
+        lambda: {x.consumer for x in history(sync, service)} - {"c0"},
+        15,
+        "another consumer to start working",
+    )
+    owned = {s for s, o in owners(sync, service, streams).items() if o == victim}
+    assert owned, "the victim finished its streams before it could be killed"
+    kill_ms = int(time.time() * 1000)
+    fleet.workers[0].kill()
+    handled_by_victim = {(x.stream, x.id) for x in history(sync, service) if x.consumer == victim}
+    wait_for(lambda: all_done(sync, service, total), 60, "every entry to be handled")
+    records = history(sync, service)
+    assert {(x.stream, x.id) for x in records} >= {
+        (s, i) for s in streams for i in {x.id for x in records if x.stream == s}
+    }
+    dups = duplicates(records)
+    # Only entries the victim had handled but not yet acked (one batch per stream).
+    assert set(dups) <= handled_by_victim
+    assert sum(dups.values()) <= len(owned) * 10
+    rt = recovery_time(records, victim, owned, kill_ms)
+    print(f"\nkill -9: owned={len(owned)} recovery_s={rt:.2f} duplicates={sum(dups.values())}")
+    assert rt < LOCK_TTL_S + MARGIN_S
+    assert len({(x.stream, x.id) for x in records}) == total
+    assert sync.xlen(f"streamjobs:{{{service}}}:dlq") == 0
+    assert_clean(sync, service, streams)
 
 
 def test_sigstop_past_ttl_then_sigcont(
-    server: RedisServer, sync: SyncRedis, service: str, uid: str
+    server: RedisServer,
+    sync: SyncRedis,
+    service: str,
+    uid: str,
+    worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     streams = [f"d:{uid}:{i}" for i in range(8)]
-    fleet = Fleet(server.url, service, TARGET, ARGS)
-    try:
-        stopped = fleet.start("c0")
-        total = produce(sync, service, streams, 30, {"work_ms": 50})
-        owned = wait_for(
-            lambda: (
-                {s for s, o in owners(sync, service, streams).items() if o == "c0"}
-                if any(x.consumer == "c0" for x in history(sync, service))
-                else set()
-            ),
-            15,
-            "c0 to own streams",
-        )
-        stop_ms = int(time.time() * 1000)
-        stopped.signal(signal.SIGSTOP)
-        fleet.start("c1")
-        # Every stream c0 owned is taken over by c1.
-        wait_for(
-            lambda: owned <= {x.stream for x in history(sync, service) if x.consumer == "c1"},
-            LOCK_TTL_S + 15,
-            "c1 to take over c0's streams",
-        )
-        cont_ms = int(time.time() * 1000)
-        stopped.signal(signal.SIGCONT)
-        wait_for(lambda: all_done(sync, service, total), 60, "every entry to be handled")
-        wait_for(lambda: "lost stream" in stopped.output(), 10, "c0 to report its streams lost")
-        records = history(sync, service)
-        # After SIGCONT, c0 completes at most its one in-flight call per stream.
-        late = [
-            x for x in records if x.consumer == "c0" and x.t_ms >= cont_ms and x.stream in owned
-        ]
-        per_stream = {s: sum(1 for x in late if x.stream == s) for s in owned}
-        assert all(n <= 1 for n in per_stream.values()), per_stream
-        rt = recovery_time(records, "c0", owned, stop_ms)
-        print(f"\nSIGSTOP: owned={len(owned)} takeover_s={rt:.2f} late={len(late)}")
-        assert len({(x.stream, x.id) for x in records}) == total
-        assert_clean(sync, service, streams)
-    finally:
-        fleet.close()
+    fleet = worker_fleet_factory(server.url, TARGET, ARGS)
+    stopped = fleet.start("c0")
+    total = produce(sync, service, streams, 30, {"work_ms": 50})
+    owned = wait_for(
+        lambda: (
+            {s for s, o in owners(sync, service, streams).items() if o == "c0"}
+            if any(x.consumer == "c0" for x in history(sync, service))
+            else set()
+        ),
+        15,
+        "c0 to own streams",
+    )
+    stop_ms = int(time.time() * 1000)
+    stopped.signal(signal.SIGSTOP)
+    fleet.start("c1")
+    # Every stream c0 owned is taken over by c1.
+    wait_for(
+        lambda: owned <= {x.stream for x in history(sync, service) if x.consumer == "c1"},
+        LOCK_TTL_S + 15,
+        "c1 to take over c0's streams",
+    )
+    cont_ms = int(time.time() * 1000)
+    stopped.signal(signal.SIGCONT)
+    wait_for(lambda: all_done(sync, service, total), 60, "every entry to be handled")
+    wait_for(lambda: "lost stream" in stopped.output(), 10, "c0 to report its streams lost")
+    records = history(sync, service)
+    # After SIGCONT, c0 completes at most its one in-flight call per stream.
+    late = [x for x in records if x.consumer == "c0" and x.t_ms >= cont_ms and x.stream in owned]
+    per_stream = {s: sum(1 for x in late if x.stream == s) for s in owned}
+    assert all(n <= 1 for n in per_stream.values()), per_stream
+    rt = recovery_time(records, "c0", owned, stop_ms)
+    print(f"\nSIGSTOP: owned={len(owned)} takeover_s={rt:.2f} late={len(late)}")
+    assert len({(x.stream, x.id) for x in records}) == total
+    assert_clean(sync, service, streams)
 
 
 @pytest.mark.parametrize("max_retries", [0, 2])
 def test_poison_stream_reaches_the_dlq(
-    server: RedisServer, sync: SyncRedis, service: str, uid: str, max_retries: int
+    server: RedisServer,
+    sync: SyncRedis,
+    service: str,
+    uid: str,
+    max_retries: int,
+    worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     stream = f"d:{uid}:poison"
     args = [*ARGS, "--max-retries", str(max_retries)]
-    fleet = Fleet(server.url, service, "tests.faults.workers:PoisonWorker", args)
+    fleet = worker_fleet_factory(server.url, "tests.faults.workers:PoisonWorker", args)
     dlq = f"streamjobs:{{{service}}}:dlq"
-    try:
-        produce(sync, service, [stream], 3, {"poison": True})
-        deaths = 0
-        deadline = time.monotonic() + 60
-        # One consumer at a time; each dies on the poison stream and is replaced.
-        while not sync.xlen(dlq):
-            assert time.monotonic() < deadline, "poison stream never reached the DLQ"
-            w = fleet.start(f"c{deaths}")
-            while w.proc.poll() is None and not sync.xlen(dlq):
-                time.sleep(0.05)
-            if w.proc.returncode == -signal.SIGKILL:
-                deaths += 1
-        [(_, fields)] = list(sync.xrange(dlq) or [])
-        assert fields[b"_dlq_reason"] == b"max_retries_exceeded"
-        assert int(fields[b"_retry_count"]) == max_retries + 1
-        assert fields[b"stream"] == stream.encode()
-        assert fields[b"_owner"].startswith(b"c")
-        assert fields[b"_source_id"]
-        assert fields[b"_source_stream"] == f"streamjobs:{{{service}}}:lbs".encode()
-        assert deaths == max_retries + 1
-        assert_clean(sync, service, [])
-    finally:
-        fleet.close()
+    produce(sync, service, [stream], 3, {"poison": True})
+    deaths = 0
+    deadline = time.monotonic() + 60
+    # One consumer at a time; each dies on the poison stream and is replaced.
+    while not sync.xlen(dlq):
+        assert time.monotonic() < deadline, "poison stream never reached the DLQ"
+        w = fleet.start(f"c{deaths}")
+        while w.alive() and not sync.xlen(dlq):
+            time.sleep(0.05)
+        if w.returncode == -signal.SIGKILL:
+            deaths += 1
+    [(_, fields)] = list(sync.xrange(dlq) or [])
+    assert fields[b"_dlq_reason"] == b"max_retries_exceeded"
+    assert int(fields[b"_retry_count"]) == max_retries + 1
+    assert fields[b"stream"] == stream.encode()
+    assert fields[b"_owner"].startswith(b"c")
+    assert fields[b"_source_id"]
+    assert fields[b"_source_stream"] == f"streamjobs:{{{service}}}:lbs".encode()
+    assert deaths == max_retries + 1
+    assert_clean(sync, service, [])
 
 
 def test_redis_restart_with_aof(
-    redis_server_factory: RedisServerFactory, service: str, uid: str
+    redis_server_factory: RedisServerFactory,
+    service: str,
+    uid: str,
+    worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     server = redis_server_factory(appendonly=True)
     r = SyncRedis.from_url(server.url)
     streams = [f"d:{uid}:{i}" for i in range(10)]
-    fleet = Fleet(server.url, service, TARGET, ARGS)
+    fleet = worker_fleet_factory(server.url, TARGET, ARGS)
     try:
         fleet.start("c0")
         fleet.start("c1")
@@ -212,12 +216,14 @@ def test_redis_restart_with_aof(
         print(f"\nrestart: duplicates={sum(duplicates(records).values())}")
         assert_clean(r, service, streams)
     finally:
-        fleet.close()
         r.close()
 
 
 def test_expiry_lag_does_not_delay_recovery(
-    redis_server_factory: RedisServerFactory, service: str, uid: str
+    redis_server_factory: RedisServerFactory,
+    service: str,
+    uid: str,
+    worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     server = redis_server_factory(extra_args=["--hz", "10"])
     r = SyncRedis.from_url(server.url)
@@ -228,7 +234,7 @@ def test_expiry_lag_does_not_delay_recovery(
             pipe.execute()
     pipe.execute()
     streams = [f"d:{uid}:{i}" for i in range(6)]
-    fleet = Fleet(server.url, service, TARGET, ARGS)
+    fleet = worker_fleet_factory(server.url, TARGET, ARGS)
     try:
         victim = fleet.start("c0")
         total = produce(r, service, streams, 20, {"work_ms": 80})
@@ -246,5 +252,4 @@ def test_expiry_lag_does_not_delay_recovery(
         assert rt < LOCK_TTL_S + MARGIN_S
         assert_clean(r, service, streams)
     finally:
-        fleet.close()
         r.close()

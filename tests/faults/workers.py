@@ -26,7 +26,7 @@ class RecordingWorker(StreamConsumer):
     async def handle(self, message: Message) -> None:
         await anyio.sleep(float(message.info.get("work_ms", 20)) / 1000)
         record = f"{self.consumer_name}|{message.stream}|{message.id}|{int(time.time() * 1000)}"
-        await self._redis.rpush(log_key(self.service), record)
+        await self.redis.rpush(log_key(self.service), record)
 
 
 class PoisonWorker(RecordingWorker):

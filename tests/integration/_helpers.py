@@ -7,14 +7,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
-from redis.asyncio.cluster import RedisCluster
 
-from streamjobs import ClusterMode, Message, StreamConsumer
-
-
-def mode(client: Any) -> ClusterMode:
-    """The cluster mode that goes with a test client."""
-    return ClusterMode.OSS if isinstance(client, RedisCluster) else ClusterMode.NONE
+from streamjobs import Message, StreamConsumer
 
 
 async def eventually(
@@ -38,24 +32,20 @@ class Recorder(StreamConsumer):
     started: list[str]
     ended: list[str]
 
-    def _init_lists(self) -> None:
-        if not hasattr(self, "handled"):
-            self.handled, self.lost, self.started, self.ended = [], [], [], []
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handled, self.lost, self.started, self.ended = [], [], [], []
 
     async def handle(self, message: Message) -> None:
-        self._init_lists()
         self.handled.append(
             (self.consumer_name, message.stream, message.id, message.fields.get("n", ""))
         )
 
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
-        self._init_lists()
         self.started.append(stream)
 
     async def on_stream_end(self, stream: str) -> None:
-        self._init_lists()
         self.ended.append(stream)
 
     async def on_stream_lost(self, stream: str) -> None:
-        self._init_lists()
         self.lost.append(stream)

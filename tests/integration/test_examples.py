@@ -1,4 +1,7 @@
-"""Every file in examples/ runs and does what it says (docs that cannot drift)."""
+"""Every file in examples/ runs and does what it says (docs that cannot drift).
+
+``examples/demo.py`` has tests of its own, in test_demo.py.
+"""
 
 from __future__ import annotations
 

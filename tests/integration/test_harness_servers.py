@@ -1,36 +1,32 @@
-"""Real-Redis tests of the harness itself: private servers and key cleanup."""
+"""Real-Redis tests of the harness itself: private servers, worker fleets, key cleanup."""
 
 from __future__ import annotations
 
-import time
+import signal
+from pathlib import Path
 
 import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
-from tests._servers import (
+from streamjobs.testing import (
     RESERVED_PORTS,
+    PortInUseError,
     RedisServer,
     RedisServerError,
-    RedisServerFactory,
-    delete_keys_containing,
-    pid_alive,
+    WorkerError,
+    WorkerFleet,
+    answers,
 )
+from tests.harness.keys import delete_keys_containing
+from tests.harness.plugin import ROOT, RedisServerFactory
+from tests.harness.processes import pid_alive, wait_dead
 
 pytestmark = pytest.mark.redis
 
 
 def _client(server: RedisServer) -> SyncRedis:
     return SyncRedis.from_url(server.url, socket_timeout=5, socket_connect_timeout=5)
-
-
-def _wait_dead(pid: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_server_starts_and_answers_ping(redis_server_factory: RedisServerFactory) -> None:
@@ -61,7 +57,7 @@ def test_restart_with_appendonly_keeps_data(redis_server_factory: RedisServerFac
     server.restart()
     assert (server.port, server.directory) == (port, directory)
     assert server.pid != old_pid
-    assert _wait_dead(old_pid)
+    assert wait_dead(old_pid)
     with _client(server) as client:
         assert client.get("harness-key") == b"survives"
 
@@ -76,7 +72,7 @@ def test_kill_really_kills_and_aof_survives_a_crash(
     pid = server.pid
     server.kill()
     assert not server.running
-    assert _wait_dead(pid), f"redis-server pid {pid} still alive after kill()"
+    assert wait_dead(pid), f"redis-server pid {pid} still alive after kill()"
     server.start()
     with _client(server) as client:
         assert client.get("harness-key") == b"crash-safe"
@@ -91,7 +87,7 @@ def test_stop_is_idempotent_and_removes_directory() -> None:
         assert directory.is_dir()
         assert (directory / "redis.log").is_file()
     assert not directory.exists()
-    assert _wait_dead(pid)
+    assert wait_dead(pid)
     server.stop()
     server.kill()
     assert not server.running
@@ -154,3 +150,86 @@ async def test_redis_fixture_gives_a_bytes_client(redis: AsyncRedis, uid: str) -
     await redis.set(f"harness:{uid}", "value")
     assert await redis.get(f"harness:{uid}") == b"value"
     assert await redis.ping() is True
+
+
+@pytest.mark.usefixtures("require_redis_server")
+def test_a_taken_fixed_port_is_port_in_use() -> None:
+    with RedisServer() as first:
+        second = RedisServer(port=first.port)
+        try:
+            # PING on that port is answered, but by `first`: no false start.
+            with pytest.raises(PortInUseError, match="Address already in use"):
+                second.start()
+            assert not second.running
+        finally:
+            second.stop()
+        assert answers(first.url)
+
+
+@pytest.mark.usefixtures("require_redis_server")
+def test_a_given_directory_is_kept_and_the_wait_can_come_later(tmp_path: Path) -> None:
+    directory = tmp_path / "node"
+    server = RedisServer(directory=directory)
+    try:
+        server.start(wait=False)
+        server.wait_ready()
+        assert server.directory == directory
+        assert answers(server.url)
+    finally:
+        server.stop()
+    assert not server.running
+    assert (directory / "redis.log").is_file()
+
+
+@pytest.mark.faults
+def test_pause_resume_and_stop_while_paused(redis_server_factory: RedisServerFactory) -> None:
+    server = redis_server_factory()
+    server.pause()
+    assert not answers(server.url, timeout_s=0.2)
+    server.resume()
+    assert answers(server.url, timeout_s=5)
+    server.pause()
+    pid = server.pid
+    server.stop(timeout_s=5)  # a paused server must still stop gracefully
+    assert wait_dead(pid)
+
+
+@pytest.mark.faults
+def test_worker_fleet_starts_kills_and_stops(
+    redis_server_factory: RedisServerFactory, service: str
+) -> None:
+    server = redis_server_factory()
+    fleet = WorkerFleet(
+        server.url,
+        service,
+        "tests.faults.workers:RecordingWorker",
+        ["--grace", "1"],
+        pythonpath=[ROOT],
+        cwd=ROOT,
+    )
+    try:
+        a, b = fleet.start("a"), fleet.start("b")
+        assert fleet.wait_started(30) == []
+        assert fleet.started(a)
+        assert fleet.by_name("b") is b
+        b.kill()
+        assert b.killed
+        assert b.returncode == -signal.SIGKILL
+        assert fleet.alive() == [a]
+        log_dir = fleet.log_dir
+        assert (log_dir / "a.log").is_file()
+        assert fleet.stop_all(timeout_s=15) == []
+        assert a.returncode == 0, a.log_tail()
+    finally:
+        fleet.close()
+    fleet.close()  # idempotent
+    assert not log_dir.exists()
+    with pytest.raises(RuntimeError, match="closed"):
+        fleet.start("c")
+
+
+def test_a_worker_that_cannot_start_is_reported(service: str) -> None:
+    with WorkerFleet("redis://127.0.0.1:1/0", service, "no_such_module_xyz:C") as fleet:
+        fleet.start("x")
+        with pytest.raises(WorkerError, match="cannot import module"):
+            fleet.wait_started(30)

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
-from streamjobs import ConsumerConfig, DeadLetter, Message, Producer, RecoveryConfig
+from streamjobs import (
+    ConsumerConfig,
+    DeadLetter,
+    DeadLetterReason,
+    Message,
+    Producer,
+    RecoveryConfig,
+)
+from streamjobs._deadletter import parse_dead_letter
 from streamjobs._keys import Keys
+from streamjobs._redis import Gateway
+from tests.harness.plugin import ConsumerFactory
 
-from ._helpers import Recorder, eventually, mode
+from ._helpers import Recorder, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -25,17 +36,19 @@ RECOVERY = RecoveryConfig(min_idle_s=3, interval_s=1)
 NO_RECOVERY = RecoveryConfig(min_idle_s=300, interval_s=300, lease_check_interval_s=300)
 
 
-def make(
-    cls: type[Recorder],
-    redis: AsyncRedis,
-    service: str,
-    recovery: RecoveryConfig = RECOVERY,
-    **cfg: Any,
-) -> Recorder:
-    config = dataclasses.replace(FAST, **cfg)
-    c = cls(redis, service=service, config=config, recovery=recovery, cluster_mode=mode(redis))
-    c._init_lists()
-    return c
+MakeConsumer = Callable[..., Recorder]
+
+
+@pytest.fixture
+def make_consumer(consumer_factory: ConsumerFactory) -> MakeConsumer:
+    """``make_consumer(cls, recovery=RECOVERY, **cfg)``: a consumer on the test's ``redis``
+    with the FAST config, ``cfg`` overriding its fields; closed at teardown."""
+
+    def make(cls: type[Recorder], recovery: RecoveryConfig = RECOVERY, **cfg: Any) -> Recorder:
+        config = dataclasses.replace(FAST, **cfg)
+        return consumer_factory(cls, config=config, recovery=recovery)
+
+    return make
 
 
 async def assert_nothing_left(redis: AsyncRedis, service: str, streams: list[str]) -> None:
@@ -61,11 +74,11 @@ async def produce(producer: Producer, streams: list[str], entries: int) -> None:
 
 
 async def test_two_consumers_handle_every_entry_once_in_order(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer
 ) -> None:
     streams = [f"data:{uid}:{i}" for i in range(20)]
-    a = make(Recorder, redis, service)
-    b = make(Recorder, redis, service)
+    a = make_consumer(Recorder)
+    b = make_consumer(Recorder)
     async with a, b:
         await produce(Producer(redis, service=service), streams, 50)
 
@@ -101,12 +114,12 @@ class Blocking(Recorder):
 
 @pytest.mark.parametrize("how", ["delete", "overwrite"])
 async def test_lost_lock_stops_handing_entries_and_refuses_acks(
-    redis: AsyncRedis, service: str, uid: str, how: str
+    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer, how: str
 ) -> None:
     stream = f"data:{uid}"
     # Without recovery, so that a re-queue cannot hand the stream back to this same
     # consumer under a new lock: what is checked is the disowned acquisition.
-    c = make(Blocking, redis, service, recovery=NO_RECOVERY)
+    c = make_consumer(Blocking, recovery=NO_RECOVERY)
     assert isinstance(c, Blocking)
     c.entered, c.release = anyio.Event(), anyio.Event()
     async with c:
@@ -139,8 +152,7 @@ async def test_lost_lock_stops_handing_entries_and_refuses_acks(
 
 
 async def test_fenced_read_refuses_a_stale_token(redis: AsyncRedis, service: str, uid: str) -> None:
-    c = make(Recorder, redis, service)
-    gw = c._gw
+    gw = Gateway(redis, Keys(service))
     stream = f"data:{uid}"
     await Producer(redis, service=service).append(stream, {"n": "0"})
     assert await gw.acquire(stream, "me:1", 5000)
@@ -160,11 +172,11 @@ class Slow(Recorder):
 
 
 async def test_graceful_shutdown_hands_the_stream_back_at_once(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer
 ) -> None:
     stream = f"data:{uid}"
     # A long TTL: a takeover through expiry would take >= 10 s, a hand-back much less.
-    a = make(Slow, redis, service, recovery=NO_RECOVERY, lock_ttl_s=10)
+    a = make_consumer(Slow, recovery=NO_RECOVERY, lock_ttl_s=10)
     await produce(Producer(redis, service=service), [stream], 60)
     async with a:
 
@@ -178,7 +190,7 @@ async def test_graceful_shutdown_hands_the_stream_back_at_once(
     assert await redis.exists(keys.lock(stream)) == 0, "the lock was not released"
     [(_, fields)] = list(await redis.xrange(keys.assignments) or [])
     assert fields.get(b"_retry_count", b"0") == b"0", "a hand-back must not count a retry"
-    b = make(Slow, redis, service, recovery=NO_RECOVERY, lock_ttl_s=10)
+    b = make_consumer(Slow, recovery=NO_RECOVERY, lock_ttl_s=10)
     t0 = time.monotonic()
     async with b:
 
@@ -207,10 +219,10 @@ class Failing(Recorder):
 
 
 async def test_failing_handler_dead_letters_the_entry_and_goes_on(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer
 ) -> None:
     stream = f"data:{uid}"
-    c = make(Failing, redis, service, max_handler_attempts=3)
+    c = make_consumer(Failing, max_handler_attempts=3)
     assert isinstance(c, Failing)
     c.attempts = {}
     async with c:
@@ -234,11 +246,18 @@ async def test_failing_handler_dead_letters_the_entry_and_goes_on(
     assert f2[b"_owner"] == c.consumer_name.encode()
     assert int(f2[b"_dead_at_ms"]) > 0
     assert f4[b"_error"] == b"DeadLetter: bad payload"
+    # What the script wrote parses back into the typed record.
+    record = parse_dead_letter(_id2.decode(), {k.decode(): v.decode() for k, v in f2.items()})
+    assert record.reason is DeadLetterReason.HANDLER_FAILED
+    assert (record.source_stream, record.attempts, record.owner) == (stream, 3, c.consumer_name)
+    assert record.fields == {"n": "2"}
+    assert not record.is_assignment
+    assert record.dead_at_ms is not None
     await assert_nothing_left(redis, service, [stream])
 
 
 async def test_malformed_assignments_are_dead_lettered_and_intake_goes_on(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer
 ) -> None:
     keys = Keys(service)
     bad: list[dict[str, Any]] = [
@@ -251,7 +270,7 @@ async def test_malformed_assignments_are_dead_lettered_and_intake_goes_on(
         {"lbs-input": "not json"},
         {"stream": f"s:{uid}", "info": "x" * 100_000 + "{"},
     ]
-    c = make(Recorder, redis, service)
+    c = make_consumer(Recorder)
     good = f"data:{uid}"
     async with c:
         for fields in bad:
@@ -266,13 +285,23 @@ async def test_malformed_assignments_are_dead_lettered_and_intake_goes_on(
     assert {f[b"_dlq_reason"] for _, f in dlq} == {b"unparseable"}
     assert all(f[b"_error"] for _, f in dlq)
     assert all(f[b"_source_stream"] == keys.assignments.encode() for _, f in dlq)
+    records = [
+        parse_dead_letter(
+            i.decode(), {k.decode(): v.decode("utf-8", "replace") for k, v in f.items()}
+        )
+        for i, f in dlq
+    ]
+    assert all(r.is_assignment and r.reason is DeadLetterReason.UNPARSEABLE for r in records)
+    assert records[0].fields == {"info": "{}"}  # the original fields are kept
     assert [n for _, _, _, n in c.handled] == ["0", "1", "2"]
     await assert_nothing_left(redis, service, [good])
 
 
-async def test_finished_stream_gets_a_ttl(redis: AsyncRedis, service: str, uid: str) -> None:
+async def test_finished_stream_gets_a_ttl(
+    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer
+) -> None:
     stream = f"data:{uid}"
-    c = make(Recorder, redis, service, finished_stream_ttl_s=120)
+    c = make_consumer(Recorder, finished_stream_ttl_s=120)
     async with c:
         await produce(Producer(redis, service=service), [stream], 1)
 

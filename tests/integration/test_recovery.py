@@ -19,9 +19,10 @@ from streamjobs import (
     RequeueOutcome,
 )
 from streamjobs._keys import Keys
-from tests._servers import RedisServerFactory
+from streamjobs._redis import Gateway
+from tests.harness.plugin import ConsumerFactory, RedisServerFactory
 
-from ._helpers import Recorder, eventually, mode
+from ._helpers import Recorder, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -41,10 +42,10 @@ async def strand(redis: AsyncRedis, service: str, streams: list[str], ghost: str
 
 
 async def test_concurrent_claims_requeue_exactly_once(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
     [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
-    consumers = [Recorder(redis, service=service, cluster_mode=mode(redis)) for _ in range(8)]
+    consumers = [consumer_factory(Recorder) for _ in range(8)]
     outcomes: list[RequeueOutcome] = []
 
     async def claim(c: Recorder) -> None:
@@ -63,16 +64,18 @@ async def test_concurrent_claims_requeue_exactly_once(
     assert fields[b"stream"] == f"d:{uid}".encode()
 
 
-async def test_claim_skips_a_live_owner(redis: AsyncRedis, service: str, uid: str) -> None:
+async def test_claim_skips_a_live_owner(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
     [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
     await redis.set(Keys(service).lock(f"d:{uid}"), "alive:1", px=10_000)
-    c = Recorder(redis, service=service, cluster_mode=mode(redis))
+    c = consumer_factory(Recorder)
     assert await c.claim(aid) is RequeueOutcome.OWNER_ALIVE
     assert (await redis.xpending(Keys(service).assignments, service))["pending"] == 1
 
 
 async def test_scanner_cursor_reaches_a_dead_entry_behind_live_ones(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
     live = [f"live:{uid}:{i}" for i in range(7)]
     dead = f"dead:{uid}"
@@ -81,14 +84,11 @@ async def test_scanner_cursor_reaches_a_dead_entry_behind_live_ones(
     for s in live:  # long-running live owners, no lease records: the scan must look
         await redis.set(keys.lock(s), "ghost-live:1", px=60_000)
     await strand(redis, service, [dead], "ghost-dead")
-    c = Recorder(
-        redis,
-        service=service,
-        cluster_mode=mode(redis),
+    c = consumer_factory(
+        Recorder,
         config=ConsumerConfig(lock_ttl_s=0.5, read_block_ms=50),
         recovery=RecoveryConfig(min_idle_s=0.6, interval_s=0.3, batch_size=5),
     )
-    c._init_lists()
     t0 = time.monotonic()
     async with c:
 
@@ -122,7 +122,6 @@ async def test_recovery_without_keyspace_notifications(
         await client.zadd(keys.leases, {aid: now_s * 1000 + now_us // 1000 + 1000})
         t0 = time.monotonic()
         c = Recorder(client, service=service, config=cfg, recovery=recovery)
-        c._init_lists()
         async with c:
 
             async def recovered() -> bool:
@@ -172,7 +171,7 @@ class Counting(NullRecorder):
 
 
 async def test_dlq_is_trimmed_and_trimming_is_counted(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
     keys = Keys(service)
     pipe = redis.pipeline(transaction=False)
@@ -180,14 +179,7 @@ async def test_dlq_is_trimmed_and_trimming_is_counted(
         pipe.xadd(keys.dead_letters, {"old": str(i)})
     await pipe.execute()
     metrics = Counting()
-    c = Recorder(
-        redis,
-        service=service,
-        recovery=RecoveryConfig(dlq_maxlen=10),
-        metrics=metrics,
-        cluster_mode=mode(redis),
-    )
-    c._init_lists()
+    c = consumer_factory(Recorder, recovery=RecoveryConfig(dlq_maxlen=10), metrics=metrics)
     await redis.xadd(keys.assignments, {"info": "{}"})  # no stream: unparseable
     async with c:
 
@@ -203,18 +195,12 @@ async def test_dlq_is_trimmed_and_trimming_is_counted(
 
 
 async def test_scripts_are_reloaded_after_script_flush(
-    redis: AsyncRedis, service: str, uid: str
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
     """A promoted replica has an empty script cache; NOSCRIPT must be handled."""
     stream = f"d:{uid}"
     producer = Producer(redis, service=service)
-    c = Recorder(
-        redis,
-        service=service,
-        cluster_mode=mode(redis),
-        config=ConsumerConfig(lock_ttl_s=2, read_block_ms=50),
-    )
-    c._init_lists()
+    c = consumer_factory(Recorder, config=ConsumerConfig(lock_ttl_s=2, read_block_ms=50))
     async with c:
         await producer.add_stream(stream)
         await producer.append(stream, {"n": "0"})
@@ -246,7 +232,6 @@ async def test_proxy_mode_subscribes_nothing_and_recovers_by_scanning(
         now_s, now_us = await client.time()
         await client.zadd(keys.leases, {aid: now_s * 1000 + now_us // 1000})
         c = Recorder(client, service=service, cluster_mode=ClusterMode.PROXY)
-        c._init_lists()
         async with c:
             clients = await client.client_list()
             assert not [x for x in clients if int(x.get("psub", 0)) > 0]
@@ -260,12 +245,14 @@ async def test_proxy_mode_subscribes_nothing_and_recovers_by_scanning(
         await client.aclose()
 
 
-async def test_no_lease_outlives_its_assignment(redis: AsyncRedis, service: str, uid: str) -> None:
+async def test_no_lease_outlives_its_assignment(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
     """A heartbeat racing a finish must not re-create the finished stream's lease, and
     recovery of an entry that no longer exists forgets any lease left under its id."""
     keys = Keys(service)
-    c = Recorder(redis, service=service, cluster_mode=mode(redis))
-    gw = c._gw
+    c = consumer_factory(Recorder)
+    gw = Gateway(redis, Keys(service))
     await gw.record_leases(["1-1"], 5000, new=False)  # heartbeat after finish.lua's ZREM
     assert await redis.zcard(keys.leases) == 0
     await gw.record_leases(["1-2"], 5000, new=True)

@@ -4,27 +4,27 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from streamjobs import ConsumerConfig, Producer, RecoveryConfig
+from tests.harness.plugin import ConsumerFactory
 
-from ._helpers import Recorder, eventually, mode
+from ._helpers import Recorder, eventually
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_one_stream_end_to_end(redis: AsyncRedis, service: str, uid: str) -> None:
+async def test_one_stream_end_to_end(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
     producer = Producer(redis, service=service)
     stream = f"data:{uid}:0"
     for i in range(5):
         await producer.append(stream, {"n": str(i)})
     await producer.close_stream(stream)
     await producer.add_stream(stream, {"k": "v"})
-    c = Recorder(
-        redis,
-        service=service,
-        cluster_mode=mode(redis),
+    c = consumer_factory(
+        Recorder,
         config=ConsumerConfig(lock_ttl_s=2, read_block_ms=50),
         recovery=RecoveryConfig(min_idle_s=3),
     )
-    c._init_lists()
     async with c:
 
         async def done() -> bool:

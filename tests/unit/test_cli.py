@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from streamjobs.cli import CliError, load_consumer_class
+from streamjobs import ConfigurationError, ConsumerConfig, RecoveryConfig
+from streamjobs.cli import CliError, _worker_args, build_configs, load_consumer_class
+from streamjobs.config import default_min_idle_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,3 +64,29 @@ def test_invalid_configuration_names_the_field() -> None:
     assert r.returncode == 2
     assert "lock_ttl_s" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _parse(*args: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    _worker_args(parser.add_subparsers())
+    return parser.parse_args(["worker", "m:C", "--service", "s", *args])
+
+
+def test_unset_options_keep_the_configuration_defaults() -> None:
+    consumer, recovery = build_configs(_parse())
+    assert consumer == ConsumerConfig()
+    assert recovery == RecoveryConfig(min_idle_s=default_min_idle_s(consumer.lock_ttl_s))
+
+
+def test_options_set_their_fields() -> None:
+    consumer, recovery = build_configs(
+        _parse("--lock-ttl", "20", "--concurrency", "3", "--max-retries", "5")
+    )
+    assert (consumer.lock_ttl_s, consumer.max_concurrent_streams) == (20.0, 3)
+    assert recovery.max_retries == 5
+    assert recovery.min_idle_s == default_min_idle_s(20.0) == 30.0
+
+
+def test_a_bad_option_names_its_field() -> None:
+    with pytest.raises(ConfigurationError, match="lock_ttl_s"):
+        build_configs(_parse("--lock-ttl", "0"))

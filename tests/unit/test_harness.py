@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests._servers import RESERVED_PORTS, _glob_escape, choose_redis_source, free_port
+from streamjobs.testing import RESERVED_PORTS, free_port
+from tests.harness.keys import glob_escape
+from tests.harness.sources import ENV_REDIS_URL, choose_redis_source, session_redis_url
 
 URL = "redis://127.0.0.1:7000/0"
 
@@ -45,10 +47,19 @@ def test_choose_redis_source(
     assert choose_redis_source(env, has_binary, has_docker) == expected
 
 
-def test_choose_redis_source_is_reexported_by_conftest() -> None:
+def test_conftest_registers_the_harness_plugin() -> None:
     from tests import conftest
 
-    assert conftest.choose_redis_source is choose_redis_source
+    assert conftest.pytest_plugins == ("tests.harness.plugin",)
+
+
+def test_the_session_redis_follows_the_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "env" wins over a redis-server on PATH, and an URL that does not answer is a
+    # failure, never a silent fall-back to another source.
+    monkeypatch.setenv(ENV_REDIS_URL, "redis://127.0.0.1:1/0")
+    assert choose_redis_source({ENV_REDIS_URL: "redis://127.0.0.1:1/0"}, True, True) == "env"
+    with pytest.raises(pytest.fail.Exception, match="does not answer PING"), session_redis_url():
+        pass
 
 
 def test_free_port_avoids_reserved_range() -> None:
@@ -70,4 +81,4 @@ def test_free_port_avoids_reserved_range() -> None:
     ],
 )
 def test_glob_escape(raw: str, escaped: str) -> None:
-    assert _glob_escape(raw) == escaped
+    assert glob_escape(raw) == escaped

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import streamjobs
 
@@ -39,3 +43,21 @@ def test_package_ships_typed_marker_and_lua() -> None:
         assert text.startswith(f"-- {name}.lua"), name
         assert "KEYS[1]" in text
     importlib.import_module("streamjobs.cli")
+
+
+def test_testing_is_a_public_submodule_with_light_imports() -> None:
+    """``streamjobs.testing`` is imported on request only, and imports nothing but the
+    standard library and redis-py (never the consumer runtime)."""
+    probe = "import sys, streamjobs; print('streamjobs.testing' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+    path = Path(streamjobs.__file__).with_name("testing.py")
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import in streamjobs.testing"
+            imported.add((node.module or "").split(".")[0])
+    assert imported - {"__future__", "redis"} <= sys.stdlib_module_names

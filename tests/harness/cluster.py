@@ -1,13 +1,13 @@
 """A real, local OSS Redis Cluster for tests: 3 primaries + 3 replicas.
 
-`LocalCluster` runs six `redis-server` processes as *foreground* children of the
-test process (never daemonized: a daemon is re-parented to PID 1, which may reap it
-seconds late, so `kill -0` checks lie), each in its own temporary directory, and
-joins them into a cluster. Everything is synchronous and polls with deadlines;
-from async code, call the slow methods through `anyio.to_thread.run_sync`.
+`LocalCluster` runs six nodes, each a `streamjobs.testing.RedisServer` (a
+foreground child of the test process with its own directory and log), and joins
+them into a cluster. Everything is synchronous and polls with deadlines; from
+async code, call the slow methods through `anyio.to_thread.run_sync`.
 
-This module must not import `streamjobs`: it is the ground truth the package's
-cluster tests are checked against.
+Of streamjobs this module uses only the process helpers of `streamjobs.testing`,
+none of the consumer code: the cluster is the ground truth the package's cluster
+tests are checked against.
 
 Facts this relies on (Redis 7.0):
 
@@ -24,36 +24,36 @@ Facts this relies on (Redis 7.0):
 from __future__ import annotations
 
 import atexit
+import gc
 import random
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Protocol, Self
 from urllib.parse import urlsplit
 
 import redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+from streamjobs.testing import HOST, PortInUseError, RedisServer, RedisServerError
+
 __all__ = (
-    "HOST",
     "ClusterEndpoint",
     "ClusterError",
     "ClusterStartupError",
     "ExternalCluster",
     "LocalCluster",
-    "binaries_available",
+    "close_cluster_client",
 )
 
-HOST: Final = "127.0.0.1"
 SLOT_COUNT: Final = 16384
 NODE_COUNT: Final = 6
 PRIMARY_COUNT: Final = 3
@@ -68,21 +68,14 @@ _START_ATTEMPTS: Final = 3
 _POLL_INTERVAL_S: Final = 0.02
 _LOG_TAIL_LINES: Final = 25
 
-_BASE_ARGS: Final = (
-    "--bind",
-    HOST,
-    "--daemonize",
-    "no",
+# On top of RedisServer's own arguments (127.0.0.1, foreground, no persistence).
+_NODE_ARGS: Final = (
     "--cluster-enabled",
     "yes",
     "--cluster-config-file",
     "nodes.conf",
     "--repl-diskless-sync-delay",
     "0",
-    "--save",
-    "",
-    "--appendonly",
-    "no",
 )
 
 
@@ -92,10 +85,6 @@ class ClusterError(RuntimeError):
 
 class ClusterStartupError(ClusterError):
     """The cluster could not be started; the message carries the nodes' log tails."""
-
-
-class _PortTakenError(ClusterError):
-    """A node could not bind its port: someone took it after we probed. Retry."""
 
 
 class ClusterEndpoint(Protocol):
@@ -120,32 +109,18 @@ class ExternalCluster:
         return [(parts.hostname or HOST, parts.port or 6379)]
 
 
-def binaries_available(redis_server: str = "redis-server", redis_cli: str = "redis-cli") -> bool:
-    """Whether both executables are on PATH (or are existing paths)."""
-    return shutil.which(redis_server) is not None and shutil.which(redis_cli) is not None
+async def close_cluster_client(client: RedisCluster) -> None:
+    """Close ``client`` and any node it orphaned.
 
-
-@dataclass(kw_only=True)
-class _Node:
-    port: int
-    directory: Path
-    args: list[str]
-    proc: subprocess.Popen[bytes] | None = None
-    client: redis.Redis | None = field(default=None, repr=False)
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / "redis.log"
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError as exc:
-            return f"<no log: {exc}>"
-        return "\n".join(text.splitlines()[-lines:])
+    redis-py drops a node from its cache on a topology change even while one of the
+    node's connections is in use (a blocking read during a failover, say); that
+    connection goes back to the orphaned node later and nothing closes it. Closing
+    every ClusterNode still alive keeps ResourceWarnings (errors here) meaningful.
+    """
+    await client.aclose()
+    for obj in gc.get_objects():
+        if isinstance(obj, ClusterNode):
+            await obj.disconnect()
 
 
 def _slot_ranges() -> list[tuple[int, int]]:
@@ -199,12 +174,13 @@ def _pick_ports(count: int, exclude: set[int]) -> list[int]:
 
 
 class LocalCluster:
-    """Six foreground `redis-server` children forming a 3 + 3 OSS cluster.
+    """Six `RedisServer` nodes forming a 3 + 3 OSS cluster.
 
     Construction does no I/O; `start()` (or `with LocalCluster() as c:`) does.
     Node ports are fixed for the cluster's life; roles are not (`primaries()` and
     `replicas()` ask the running nodes). Killed nodes keep their port and directory
-    and can be started again with `restart_node()`.
+    and can be started again with `restart_node()`; `node(port)` gives the
+    `RedisServer` itself (to pause it, read its log, ...).
 
     Args:
         node_timeout_ms: `cluster-node-timeout`; failover after a crash takes
@@ -234,7 +210,8 @@ class LocalCluster:
         self._startup_timeout_s = startup_timeout_s
         self._redis_server = redis_server
         self._base_dir: Path | None = None
-        self._nodes: dict[int, _Node] = {}
+        self._nodes: dict[int, RedisServer] = {}
+        self._clients: dict[int, redis.Redis] = {}
         self._startup_seconds: float | None = None
         self._phases: dict[str, float] = {}
         self._stopped = False
@@ -245,12 +222,7 @@ class LocalCluster:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def start(self) -> Self:
@@ -273,12 +245,14 @@ class LocalCluster:
         deadline = started + self._startup_timeout_s
         self._base_dir = Path(tempfile.mkdtemp(prefix="streamjobs-cluster-"))
         atexit.register(self.stop)  # last resort if the test process exits early
+        # A node whose port or bus port (+10000) was taken after we probed it exits
+        # with PortInUseError: then all six move to new ports.
         avoid: set[int] = set()
         for attempt in range(1, _START_ATTEMPTS + 1):
             try:
                 self._bring_up(server, attempt, avoid, deadline)
                 break
-            except _PortTakenError:
+            except PortInUseError:
                 avoid |= set(self._nodes)
                 self._discard_nodes()
                 if attempt == _START_ATTEMPTS:
@@ -309,26 +283,15 @@ class LocalCluster:
             self._base_dir = None
 
     def _discard_nodes(self) -> None:
-        nodes = list(self._nodes.values())
-        for node in nodes:
-            if node.running():
-                assert node.proc is not None
-                node.proc.terminate()
-                # A test may have SIGSTOPped the node; a stopped process would only
-                # act on SIGTERM once continued.
-                node.proc.send_signal(signal.SIGCONT)
+        # Signal all six first, so they shut down in parallel (each within
+        # milliseconds); SIGCONT too, in case a test paused one.
+        for node in self._nodes.values():
+            node.signal(signal.SIGTERM)
+            node.resume()
         deadline = time.monotonic() + 5.0
-        for node in nodes:
-            self._close_client(node)
-            if node.proc is None:
-                continue
-            try:
-                node.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                node.proc.kill()
-                node.proc.wait()
-        for node in nodes:
-            shutil.rmtree(node.directory, ignore_errors=True)
+        for port, node in self._nodes.items():
+            self._close_client(port)
+            node.stop(timeout_s=max(0.0, deadline - time.monotonic()))
         self._nodes = {}
 
     # ------------------------------------------------------------------ bring-up
@@ -338,25 +301,22 @@ class LocalCluster:
         t0 = time.monotonic()
         ports = _pick_ports(NODE_COUNT, avoid)
         for index, port in enumerate(ports):
-            directory = self._base_dir / f"try{attempt}-node{index}-{port}"
-            directory.mkdir()
-            args = [
-                server,
-                "--port",
-                str(port),
-                "--dir",
-                str(directory),
-                "--cluster-node-timeout",
-                str(self._node_timeout_ms),
-                *_BASE_ARGS,
-                *self._extra_args,
-                *self._node_extra_args.get(index, ()),
-            ]
-            node = _Node(port=port, directory=directory, args=args)
+            node = RedisServer(
+                port=port,
+                directory=self._base_dir / f"try{attempt}-node{index}-{port}",
+                binary=server,
+                extra_args=[
+                    *_NODE_ARGS,
+                    "--cluster-node-timeout",
+                    str(self._node_timeout_ms),
+                    *self._extra_args,
+                    *self._node_extra_args.get(index, ()),
+                ],
+            )
             self._nodes[port] = node
-            self._spawn(node)
+            node.start(wait=False)  # all six boot at once; wait for them below
         for port in ports:
-            self._wait_answers(self._nodes[port], deadline)
+            self._nodes[port].wait_ready(max(0.0, deadline - time.monotonic()))
         t1 = time.monotonic()
         self._create_native(ports, deadline)
         self._wait(deadline, "replica links up", self._why_links_down)
@@ -436,40 +396,12 @@ class LocalCluster:
                 self._cmd(port, "DEL", key)
         self._wait(deadline, "CLUSTER SLOTS lists replicas", self._why_replicas_hidden)
 
-    def _spawn(self, node: _Node) -> None:
-        with node.log_path.open("ab") as log:
-            node.proc = subprocess.Popen(
-                node.args,
-                cwd=node.directory,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def _wait_answers(self, node: _Node, deadline: float) -> None:
-        def why_not() -> str | None:
-            if not node.running():
-                if "Address already in use" in node.log_tail():
-                    raise _PortTakenError(f"port {node.port} was taken")
-                raise ClusterError(f"node {node.port} exited during start-up")
-            try:
-                self._cmd(node.port, "PING")
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                return f"node {node.port} does not answer: {exc}"
-            return None
-
-        self._wait(deadline, f"node {node.port} to answer", why_not)
-
     def _failure_report(self, exc: BaseException) -> str:
         parts = [f"local Redis Cluster failed to start: {exc!r}", f"phases: {self._phases}"]
-        for node in self._nodes.values():
-            state = "running" if node.running() else f"exited ({self._returncode(node)})"
-            parts.append(f"--- node {node.port} [{state}] {node.log_path}\n{node.log_tail()}")
+        for port, node in self._nodes.items():
+            state = "running" if node.running else f"exited ({node.returncode})"
+            parts.append(f"--- node {port} [{state}]\n{node.log_tail(_LOG_TAIL_LINES)}")
         return "\n".join(parts)
-
-    @staticmethod
-    def _returncode(node: _Node) -> int | None:
-        return None if node.proc is None else node.proc.returncode
 
     # ------------------------------------------------------------------ queries
 
@@ -493,7 +425,7 @@ class LocalCluster:
     @property
     def pids(self) -> list[int]:
         """Pids of the node processes that are running now."""
-        return [n.proc.pid for n in self._nodes.values() if n.proc is not None and n.running()]
+        return [node.pid for node in self._nodes.values() if node.running]
 
     @property
     def startup_nodes(self) -> list[tuple[str, int]]:
@@ -507,16 +439,27 @@ class LocalCluster:
             return f"redis://{HOST}:{port}"
         raise ClusterError("no node is running")
 
+    def node(self, port: int) -> RedisServer:
+        """The server of the node on `port` (running or not).
+
+        Raises:
+            ClusterError: no node of this cluster has that port.
+        """
+        try:
+            return self._nodes[port]
+        except KeyError:
+            raise ClusterError(f"no node on port {port}") from None
+
     def live_ports(self) -> list[int]:
         """Ports of the nodes whose process is running."""
-        return [port for port, node in self._nodes.items() if node.running()]
+        return [port for port, node in self._nodes.items() if node.running]
 
     def node_pid(self, port: int) -> int:
         """Pid of the node process on `port` (it may have been killed since)."""
-        node = self._node(port)
-        if node.proc is None:
-            raise ClusterError(f"node {port} was never started")
-        return node.proc.pid
+        try:
+            return self.node(port).pid
+        except RuntimeError:
+            raise ClusterError(f"node {port} was never started") from None
 
     def role(self, port: int) -> str:
         """`master` or `slave`, as the node reports it (`ROLE`)."""
@@ -563,13 +506,11 @@ class LocalCluster:
 
     def kill_node(self, port: int) -> None:
         """SIGKILL the node on `port` and reap it. Its directory is kept."""
-        node = self._node(port)
-        if not node.running():
+        node = self.node(port)
+        if not node.running:
             raise ClusterError(f"node {port} is not running")
-        assert node.proc is not None
-        node.proc.kill()
-        node.proc.wait(timeout=10)
-        self._close_client(node)
+        node.kill()
+        self._close_client(port)
 
     def restart_node(self, port: int, timeout_s: float = 30.0) -> None:
         """Start a killed node again on the same port and directory.
@@ -578,12 +519,15 @@ class LocalCluster:
         back as a replica of its successor. Returns once the node reports
         `cluster_state:ok` and, if it is a replica, `master_link_status:up`.
         """
-        node = self._node(port)
-        if node.running():
+        node = self.node(port)
+        if node.running:
             raise ClusterError(f"node {port} is still running")
         deadline = time.monotonic() + timeout_s
-        self._spawn(node)
-        self._wait_answers(node, deadline)
+        try:
+            node.start(wait=False)
+            node.wait_ready(timeout_s)
+        except RedisServerError as exc:
+            raise ClusterError(f"node {port} did not come back: {exc}") from exc
 
         def why_not() -> str | None:
             if self.cluster_info(port).get("cluster_state") != "ok":
@@ -609,7 +553,7 @@ class LocalCluster:
         def why_not() -> str | None:
             if self.role(replica_port) != "master":
                 return f"node {replica_port} is not master yet"
-            if self._node(old_primary).running():
+            if self.node(old_primary).running:
                 old = self._role_reply(old_primary)
                 if old[0] != "slave" or int(old[2]) != replica_port:
                     return f"old primary {old_primary} does not replicate {replica_port} yet"
@@ -692,17 +636,12 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _node(self, port: int) -> _Node:
-        try:
-            return self._nodes[port]
-        except KeyError:
-            raise ClusterError(f"no node on port {port}") from None
-
     def _client(self, port: int) -> redis.Redis:
-        node = self._node(port)
-        if node.client is None:
+        client = self._clients.get(port)
+        if client is None:
+            self.node(port)  # a ClusterError for a port that is not ours
             # No retries: a dead node must fail fast, polling loops retry anyway.
-            node.client = redis.Redis(
+            client = self._clients[port] = redis.Redis(
                 host=HOST,
                 port=port,
                 decode_responses=True,
@@ -710,13 +649,12 @@ class LocalCluster:
                 socket_connect_timeout=1.0,
                 retry=Retry(NoBackoff(), 0),
             )
-        return node.client
+        return client
 
-    @staticmethod
-    def _close_client(node: _Node) -> None:
-        if node.client is not None:
-            node.client.close()
-            node.client = None
+    def _close_client(self, port: int) -> None:
+        client = self._clients.pop(port, None)
+        if client is not None:
+            client.close()
 
     def _cmd(self, port: int, *args: str | int) -> Any:
         """One raw command to one node. Multi-word commands are passed as separate

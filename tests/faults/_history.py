@@ -1,93 +1,16 @@
-"""Consumer subprocesses and history checks for the fault tests."""
+"""History checks for the fault tests (the workers come from ``worker_fleet_factory``)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from redis import Redis as SyncRedis
 
 from .workers import log_key
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Worker:
-    """One ``streamjobs worker`` subprocess."""
-
-    def __init__(self, url: str, service: str, name: str, target: str, args: Sequence[str]):
-        self.name = name
-        self.log = Path(tempfile.mkstemp(prefix=f"sj-{name}-", suffix=".log")[1])
-        cmd = [
-            sys.executable,
-            "-m",
-            "streamjobs",
-            "worker",
-            target,
-            "--service",
-            service,
-            "--redis-url",
-            url,
-            "--consumer-name",
-            name,
-            "--log-level",
-            "INFO",
-            *args,
-        ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self._out = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT, env=env
-        )
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def stop(self, timeout_s: float = 20) -> int:
-        """SIGTERM (graceful), then SIGKILL if it does not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._out.close()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-class Fleet:
-    """Starts workers and stops every one of them at the end."""
-
-    def __init__(self, url: str, service: str, target: str, args: Sequence[str]):
-        self.url, self.service, self.target, self.args = url, service, target, list(args)
-        self.workers: list[Worker] = []
-
-    def start(self, name: str) -> Worker:
-        w = Worker(self.url, self.service, name, self.target, self.args)
-        self.workers.append(w)
-        return w
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.stop()
-            # Shown by pytest only when the test fails.
-            print(f"--- {w.name} (exit {w.proc.returncode}) ---\n{w.output()[-3000:]}")
-            w.log.unlink(missing_ok=True)
 
 
 @dataclass
@@ -149,7 +72,7 @@ def produce(
     r: SyncRedis, service: str, streams: Sequence[str], entries: int, info: dict[str, Any]
 ) -> int:
     """Queue one assignment per stream, append ``entries`` entries to each and close them."""
-    from streamjobs._assignment import build_fields
+    from streamjobs._wire import build_fields
 
     pipe = r.pipeline(transaction=False)
     for s in streams:

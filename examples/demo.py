@@ -1,27 +1,37 @@
-"""``streamjobs demo``: a small fleet processing streams while one consumer is killed.
+"""The streamjobs demo: a small fleet processing streams while one consumer is killed.
 
-The demo starts ``--consumers`` worker subprocesses running :class:`DemoConsumer`,
-produces ``--streams`` data streams of ``--entries`` entries each (gradually, so the
-streams are mid-flight), SIGKILLs one consumer while it owns streams, measures how
-long the fleet takes to resume them, waits until every stream has finished and
-prints a one-line summary::
+Run it from the repository root (after ``pip install -e .``)::
+
+    python examples/demo.py [--consumers 3] [--streams 12] [--entries 40]
+                            [--lock-ttl 3] [--work-ms 20] [--timeout 50]
+                            [--redis-url redis://127.0.0.1:6379/0]
+
+It starts ``--consumers`` worker subprocesses (``streamjobs worker demo:DemoConsumer``,
+with this directory on their ``PYTHONPATH``), produces ``--streams`` data streams of
+``--entries`` entries each (gradually, so the streams are mid-flight), SIGKILLs one
+consumer while it owns streams, measures how long the fleet takes to resume them,
+waits until every stream has finished and prints a one-line summary::
 
     summary: streams=12 entries=480 handled=480 duplicates=1 dead_letters=0 recovery_s=3.42 lost=0
 
 Everything it creates (streams, locks, the service's keys, ``demo:{service}:*``) is
 deleted at the end; if no Redis answers at ``--redis-url`` and ``redis-server`` is on
 PATH, a private server is started for the run and stopped afterwards.
+
+Exit codes: 0 every entry was handled, nothing was dead-lettered and (with two or
+more consumers) the killed consumer's streams were recovered; 1 the demo failed;
+2 bad arguments or no Redis.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,19 +41,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import redis as redis_sync
 from redis.asyncio import Redis
 
-from ._keys import Keys
-from ._local_redis import LocalRedisError, PrivateRedis
-from .consumer import StreamConsumer
-from .exceptions import StreamJobsError
-from .message import Message
-from .producer import Producer
+from streamjobs import Message, Producer, StreamConsumer, StreamJobsError
+from streamjobs._keys import Keys
+from streamjobs.testing import RedisServer, RedisServerError, WorkerError, WorkerFleet
 
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+# The workers import this file as a module of its own name, from this directory.
+_HERE = Path(__file__).resolve().parent
+_TARGET = f"{Path(__file__).stem}:DemoConsumer"
 _VICTIM = "demo-c0"
 _PING_TIMEOUT_S = 1.0
-_SERVER_START_TIMEOUT_S = 10.0
 _WORKER_START_TIMEOUT_S = 10.0
 _WORKER_STOP_TIMEOUT_S = 15.0
 _TICK_S = 0.1
@@ -55,45 +66,33 @@ _PROGRESS_EVERY_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class DemoKeys:
-    """The demo's own bookkeeping keys of one service (all share the ``{service}`` tag)."""
+    """The demo's own bookkeeping keys of one service.
 
-    service: str
+    All share the ``{service}`` hash tag, so one MULTI can write them on a cluster too.
 
-    def _key(self, what: str) -> str:
-        return f"demo:{{{self.service}}}:{what}"
+    Attributes:
+        handled: hash ``<stream>|<entry id>`` -> times handled (duplicates are countable).
+        count: counter of handle() completions, duplicates included.
+        by_consumer: hash consumer name -> completions.
+        last: hash stream -> ``<consumer>|<unix ms>`` of its latest completion.
+        first: hash ``<stream>|<consumer>`` -> unix ms of that consumer's first completion.
+        finished: set of finished streams.
+    """
 
-    @property
-    def handled(self) -> str:
-        """Hash ``<stream>|<entry id>`` -> times handled (duplicates are countable)."""
-        return self._key("handled")
+    handled: str
+    count: str
+    by_consumer: str
+    last: str
+    first: str
+    finished: str
 
-    @property
-    def count(self) -> str:
-        """Counter of handle() completions, duplicates included."""
-        return self._key("count")
-
-    @property
-    def by_consumer(self) -> str:
-        """Hash consumer name -> completions."""
-        return self._key("by_consumer")
-
-    @property
-    def last(self) -> str:
-        """Hash stream -> ``<consumer>|<unix ms>`` of its latest completion."""
-        return self._key("last")
-
-    @property
-    def first(self) -> str:
-        """Hash ``<stream>|<consumer>`` -> unix ms of that consumer's first completion."""
-        return self._key("first")
-
-    @property
-    def finished(self) -> str:
-        """Set of finished streams."""
-        return self._key("finished")
+    @classmethod
+    def of(cls, service: str) -> DemoKeys:
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(*(f"demo:{{{service}}}:{name}" for name in names))
 
     def all(self) -> list[str]:
-        return [self.handled, self.count, self.by_consumer, self.last, self.first, self.finished]
+        return list(dataclasses.astuple(self))
 
 
 class DemoConsumer(StreamConsumer):
@@ -101,11 +100,10 @@ class DemoConsumer(StreamConsumer):
 
     async def handle(self, message: Message) -> None:
         await anyio.sleep(float(message.info.get("work_ms", 20)) / 1000)
-        keys = DemoKeys(self.service)
+        keys = DemoKeys.of(self.service)
         me = self.consumer_name
         now_ms = int(time.time() * 1000)
-        # All keys share the {service} hash tag, so one MULTI works on a cluster too.
-        async with self._redis.pipeline(transaction=True) as pipe:
+        async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hincrby(keys.handled, f"{message.stream}|{message.id}", 1)
             pipe.incr(keys.count)
             pipe.hincrby(keys.by_consumer, me, 1)
@@ -114,7 +112,7 @@ class DemoConsumer(StreamConsumer):
             await pipe.execute()
 
     async def on_stream_end(self, stream: str) -> None:
-        await self._redis.sadd(DemoKeys(self.service).finished, stream)
+        await self.redis.sadd(DemoKeys.of(self.service).finished, stream)
 
 
 # -- Redis: the given URL, or a private server ------------------------------------------
@@ -157,115 +155,26 @@ def _redis_for(url: str) -> Iterator[str]:
     if _ping(url):
         yield url
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
+    try:
+        server = RedisServer(dir_prefix="streamjobs-demo-redis-")
+    except RedisServerError:
         raise DemoError(
             f"no Redis answers at {url} and redis-server is not on PATH: "
             "start a Redis or pass --redis-url"
-        )
-    server = PrivateRedis(binary, prefix="streamjobs-demo-redis-")
+        ) from None
     try:
         try:
-            private_url = server.start()
-        except LocalRedisError as exc:
+            server.start()
+        except RedisServerError as exc:
             raise DemoError(str(exc).splitlines()[0]) from None
-        assert server.proc is not None
         print(
             f"demo: no Redis at {url}; started a private redis-server on "
-            f"127.0.0.1:{server.port} (pid {server.proc.pid})",
+            f"127.0.0.1:{server.port} (pid {server.pid})",
             flush=True,
         )
-        yield private_url
+        yield server.url
     finally:
         server.stop()
-
-
-# -- worker subprocesses ---------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class Worker:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-    killed: bool = False
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
-class Fleet:
-    """The worker subprocesses; :meth:`kill_all` is safe to call any number of times."""
-
-    url: str
-    service: str
-    log_dir: Path
-    args: list[str]
-    workers: list[Worker] = field(default_factory=list)
-
-    def start(self, name: str) -> Worker:
-        log_path = self.log_dir / f"{name}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "streamjobs",
-            "worker",
-            f"{__name__}:DemoConsumer",
-            "--service",
-            self.service,
-            "--redis-url",
-            self.url,
-            "--consumer-name",
-            name,
-            *self.args,
-        ]
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        worker = Worker(name, proc, log_path)
-        self.workers.append(worker)
-        return worker
-
-    def by_name(self, name: str) -> Worker:
-        return next(w for w in self.workers if w.name == name)
-
-    def started(self, worker: Worker) -> bool:
-        try:
-            text = worker.log.read_text(errors="replace")
-        except OSError:
-            return False
-        return f"consumer {worker.name} of service {self.service} started" in text
-
-    async def stop_all(self, timeout_s: float) -> list[str]:
-        """SIGTERM every live worker, wait; SIGKILL stragglers. Returns their names."""
-        for w in self.workers:
-            if w.alive():
-                w.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for w in self.workers:
-            remaining = max(0.0, deadline - time.monotonic())
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await anyio.to_thread.run_sync(w.proc.wait, remaining)
-        stragglers = [w.name for w in self.workers if w.alive()]
-        self.kill_all()
-        return stragglers
-
-    def kill_all(self) -> None:
-        for w in self.workers:
-            if w.proc.poll() is None:
-                w.proc.kill()
-        for w in self.workers:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                w.proc.wait(5)
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -309,8 +218,6 @@ class Plan:
             "200",
             "--grace",
             "5",
-            "--log-level",
-            "INFO",
         ]
 
 
@@ -332,21 +239,17 @@ class State:
         return time.monotonic() - self.start
 
 
-def _owners(tokens: Sequence[Any], streams: Sequence[str]) -> dict[str, str]:
-    """stream -> owner consumer name, from lock tokens ``<consumer>:<random>``."""
-    owners: dict[str, str] = {}
-    for stream, token in zip(streams, tokens, strict=True):
-        if token:
-            owners[stream] = str(token).rsplit(":", 1)[0]
-    return owners
-
-
 async def _lock_owners(client: Any, keys: Keys, streams: Sequence[str]) -> dict[str, str]:
+    """stream -> owner consumer name, from lock tokens ``<consumer>:<random>``."""
     async with client.pipeline(transaction=False) as pipe:
         for s in streams:
             pipe.get(keys.lock(s))
         tokens = await pipe.execute()
-    return _owners(tokens, streams)
+    return {
+        stream: str(token).rsplit(":", 1)[0]
+        for stream, token in zip(streams, tokens, strict=True)
+        if token
+    }
 
 
 async def _produce(client: Any, plan: Plan, state: State) -> None:
@@ -382,12 +285,13 @@ def _choose_victim(
     return None
 
 
-async def _kill(client: Any, keys: Keys, plan: Plan, state: State, fleet: Fleet, name: str) -> None:
+async def _kill(
+    client: Any, keys: Keys, plan: Plan, state: State, fleet: WorkerFleet, name: str
+) -> None:
     worker = fleet.by_name(name)
-    worker.proc.send_signal(signal.SIGKILL)
+    worker.signal(signal.SIGKILL)
     state.kill_unix_ms = int(time.time() * 1000)
-    worker.killed = True
-    await anyio.to_thread.run_sync(worker.proc.wait)
+    await anyio.to_thread.run_sync(worker.kill)  # marks it killed and reaps it
     state.victim = name
     # A dead process's locks stay as they were until they expire: read them now.
     owners = await _lock_owners(client, keys, plan.streams)
@@ -439,7 +343,7 @@ def _progress_line(
     counts: Mapping[str, int],
     owners: Mapping[str, str],
     finished: int,
-    fleet: Fleet,
+    fleet: WorkerFleet,
 ) -> str:
     owned: dict[str, int] = {}
     for o in owners.values():
@@ -455,7 +359,7 @@ def _progress_line(
 
 
 async def _monitor(
-    client: Any, keys: Keys, dkeys: DemoKeys, plan: Plan, state: State, fleet: Fleet
+    client: Any, keys: Keys, dkeys: DemoKeys, plan: Plan, state: State, fleet: WorkerFleet
 ) -> None:
     """Print progress, kill the victim, measure recovery; return once all is done."""
     deadline = state.start + plan.timeout_s
@@ -464,7 +368,7 @@ async def _monitor(
         for w in fleet.workers:
             if not w.killed and not w.alive():
                 raise DemoError(
-                    f"worker {w.name} exited unexpectedly (code {w.proc.returncode}); "
+                    f"worker {w.name} exited unexpectedly (code {w.returncode}); "
                     f"last log lines:\n{w.log_tail()}"
                 )
         async with client.pipeline(transaction=False) as pipe:
@@ -510,25 +414,19 @@ async def _monitor(
         await anyio.sleep(_TICK_S)
 
 
-async def _wait_started(fleet: Fleet) -> None:
-    """Wait until every worker logged that it started, so the work spreads evenly."""
-    deadline = time.monotonic() + _WORKER_START_TIMEOUT_S
-    waiting = list(fleet.workers)
-    while waiting:
-        for w in list(waiting):
-            if not w.alive():
-                raise DemoError(
-                    f"worker {w.name} failed to start (code {w.proc.returncode}); "
-                    f"last log lines:\n{w.log_tail()}"
-                )
-            if fleet.started(w):
-                waiting.remove(w)
-        if time.monotonic() > deadline:
-            # Still alive, just slow (or logging differently): the work waits for them
-            # in the assignment stream, so carry on; only the spread suffers.
-            break
-        await anyio.sleep(0.05)
-    await anyio.sleep(0.3)  # "started" is logged just before the loops start
+async def _wait_started(fleet: WorkerFleet) -> None:
+    """Wait until every worker logged that it started, so the work spreads evenly.
+
+    One still alive but slow to start is no error: the work waits for it in the
+    assignment stream, only the spread suffers.
+    """
+    try:
+        await anyio.to_thread.run_sync(fleet.wait_started, _WORKER_START_TIMEOUT_S)
+    except WorkerError as exc:
+        raise DemoError(str(exc)) from None
+    # "started" is logged just before the consumer's loops start, and nothing
+    # observable from outside marks the moment they run.
+    await anyio.sleep(0.3)
 
 
 async def _delete_demo_keys(client: Any, keys: Keys, dkeys: DemoKeys, plan: Plan) -> None:
@@ -554,10 +452,16 @@ def _summary(plan: Plan, state: State, handled: Mapping[str, str], dead_letters:
     )
 
 
-async def _run(plan: Plan, url: str, fleet: Fleet) -> int:
+async def _outcome(client: Any, keys: Keys, dkeys: DemoKeys) -> tuple[dict[str, str], int]:
+    """(handled hash, dead-letter count) as Redis has them now."""
+    handled = {str(k): str(v) for k, v in (await client.hgetall(dkeys.handled)).items()}
+    return handled, int(await client.xlen(keys.dead_letters))
+
+
+async def _run(plan: Plan, url: str, fleet: WorkerFleet) -> int:
     client: Any = Redis.from_url(url, decode_responses=True, socket_connect_timeout=5)
     keys = Keys(plan.service)
-    dkeys = DemoKeys(plan.service)
+    dkeys = DemoKeys.of(plan.service)
     state = State()
     try:
         print(
@@ -584,11 +488,10 @@ async def _run(plan: Plan, url: str, fleet: Fleet) -> int:
             "stopping the consumers (SIGTERM)",
             flush=True,
         )
-        stragglers = await fleet.stop_all(_WORKER_STOP_TIMEOUT_S)
+        stragglers = await anyio.to_thread.run_sync(fleet.stop_all, _WORKER_STOP_TIMEOUT_S)
         if stragglers:
             print(f"demo: warning: had to SIGKILL {', '.join(stragglers)}", flush=True)
-        handled = {str(k): str(v) for k, v in (await client.hgetall(dkeys.handled)).items()}
-        dead_letters = int(await client.xlen(keys.dead_letters))
+        handled, dead_letters = await _outcome(client, keys, dkeys)
         print(_summary(plan, state, handled, dead_letters), flush=True)
         lost = len(state.appended - set(handled))
         if lost or dead_letters:
@@ -603,9 +506,7 @@ async def _run(plan: Plan, url: str, fleet: Fleet) -> int:
         reason = str(exc) if isinstance(exc, DemoError) else f"{type(exc).__name__}: {exc}"
         print(f"demo: FAILED: {reason}", flush=True)
         with contextlib.suppress(Exception):
-            handled = {str(k): str(v) for k, v in (await client.hgetall(dkeys.handled)).items()}
-            dead_letters = int(await client.xlen(keys.dead_letters))
-            print(_summary(plan, state, handled, dead_letters), flush=True)
+            print(_summary(plan, state, *await _outcome(client, keys, dkeys)), flush=True)
         return 1
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
@@ -627,30 +528,36 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return leaves
 
 
-def _check_args(ns: argparse.Namespace) -> None:
+# -- command line ----------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="demo.py", description="A fleet of streamjobs consumers processing and recovering."
+    )
+    p.add_argument("--redis-url", default=DEFAULT_URL)
+    p.add_argument("--consumers", type=int, default=3)
+    p.add_argument("--streams", type=int, default=12)
+    p.add_argument("--entries", type=int, default=40)
+    p.add_argument("--lock-ttl", type=float, default=3.0)
+    p.add_argument("--work-ms", type=int, default=20, help="simulated work per entry, ms")
+    p.add_argument("--timeout", type=float, default=50.0, help="give up after this, seconds")
+    ns = p.parse_args(argv)
     for name in ("consumers", "streams", "entries"):
         if getattr(ns, name) < 1:
-            raise DemoError(f"--{name} must be at least 1")
+            p.error(f"--{name} must be at least 1")
     if not 0.1 <= ns.lock_ttl <= 60:
-        raise DemoError("--lock-ttl must be between 0.1 and 60 seconds")
-    if getattr(ns, "work_ms", 20) < 0:
-        raise DemoError("--work-ms must not be negative")
-    if getattr(ns, "timeout", 50.0) <= 0:
-        raise DemoError("--timeout must be positive")
+        p.error("--lock-ttl must be between 0.1 and 60 seconds")
+    if ns.work_ms < 0:
+        p.error("--work-ms must not be negative")
+    if ns.timeout <= 0:
+        p.error("--timeout must be positive")
+    return ns
 
 
-def run_demo(ns: argparse.Namespace) -> int:
-    """Run the demo described in the module docstring; returns the exit code.
-
-    0: every entry was handled and nothing was dead-lettered (and, with two or more
-    consumers, the killed consumer's streams were recovered); 1: the demo failed;
-    2: bad arguments or no Redis.
-    """
-    try:
-        _check_args(ns)
-    except DemoError as exc:
-        print(f"streamjobs demo: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo described in the module docstring; returns the exit code."""
+    ns = parse_args(argv)
     service = f"demo-{secrets.token_hex(4)}"
     plan = Plan(
         service=service,
@@ -658,15 +565,17 @@ def run_demo(ns: argparse.Namespace) -> int:
         entries=ns.entries,
         consumers=ns.consumers,
         lock_ttl=ns.lock_ttl,
-        work_ms=getattr(ns, "work_ms", 20),
-        timeout_s=getattr(ns, "timeout", 50.0),
+        work_ms=ns.work_ms,
+        timeout_s=ns.timeout,
     )
     log_dir = Path(tempfile.mkdtemp(prefix="streamjobs-demo-"))
     keep_logs = True
-    fleet: Fleet | None = None
+    fleet: WorkerFleet | None = None
     try:
         with _sigterm_as_interrupt(), _redis_for(ns.redis_url) as url:
-            fleet = Fleet(url, service, log_dir, plan.worker_args())
+            fleet = WorkerFleet(
+                url, service, _TARGET, plan.worker_args(), pythonpath=[_HERE], log_dir=log_dir
+            )
             try:
                 code = anyio.run(_run, plan, url, fleet)
             finally:
@@ -674,7 +583,7 @@ def run_demo(ns: argparse.Namespace) -> int:
         keep_logs = code != 0
         return code
     except DemoError as exc:
-        print(f"streamjobs demo: error: {exc}", file=sys.stderr, flush=True)
+        print(f"demo: error: {exc}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         keep_logs = False
@@ -682,7 +591,7 @@ def run_demo(ns: argparse.Namespace) -> int:
         raise
     finally:
         if fleet is not None:
-            fleet.kill_all()
+            fleet.close()
         if keep_logs and any(log_dir.iterdir()):
             print(f"demo: worker logs kept in {log_dir}", file=sys.stderr, flush=True)
         else:
@@ -707,4 +616,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["DemoConsumer", "DemoKeys", "run_demo"]
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
