@@ -42,9 +42,9 @@ import redis.asyncio
 from redis.utils import HIREDIS_AVAILABLE
 
 from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+from streamjobs.cli import DEFAULT_URL
 from streamjobs.testing import RedisServer, RedisServerError, answers
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 PAYLOAD_BYTES = 100
 PRODUCE_CHUNK = 1000
 BARE = "bare"

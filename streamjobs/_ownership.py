@@ -32,7 +32,7 @@ import anyio
 from ._backoff import Backoff
 from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
 from ._redis import REDIS_FAILURES, StreamGateway
-from ._wire import Assignment, is_eos
+from ._wire import EOS_FIELD, EOS_VALUE, Assignment, is_eos
 from .config import ConsumerConfig
 from .exceptions import DeadLetter, Retry
 from .message import Message
@@ -289,7 +289,7 @@ class OwnedStream:
             handle = host.hooks.handle
             monotonic = time.monotonic
             for entry_id, fields in batch:
-                if self.finish_requested or is_eos(fields):
+                if fields.get(EOS_FIELD) == EOS_VALUE or self.finish_requested:
                     self._count_handled(handled, started)
                     if is_eos(fields):
                         self._eos = [entry_id]

@@ -11,8 +11,9 @@ project's test suite. It offers two things:
 * :class:`WorkerFleet`: ``streamjobs worker MODULE:CLASS`` subprocesses, one log
   file each, that can be signalled, killed, or stopped gracefully.
 
-Its own imports are the standard library and redis-py: nothing here depends on the
-consumer runtime, whose behaviour these processes are meant to check from outside.
+Its own imports are the standard library, redis-py and the exception tree: nothing
+here depends on the consumer runtime, whose behaviour these processes are meant to
+check from outside.
 ``import streamjobs`` does not load it; import ``streamjobs.testing`` explicitly.
 
 Example::
@@ -54,6 +55,8 @@ from typing import Final, Self
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from .exceptions import StreamJobsError
 
 __all__ = (
     "HOST",
@@ -107,7 +110,7 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-class RedisServerError(RuntimeError):
+class RedisServerError(StreamJobsError, RuntimeError):
     """A ``redis-server`` could not be started; the message carries its log tail."""
 
 
@@ -115,7 +118,7 @@ class PortInUseError(RedisServerError):
     """The server could not bind its port (or cluster bus port): another process has it."""
 
 
-class WorkerError(RuntimeError):
+class WorkerError(StreamJobsError, RuntimeError):
     """A worker exited while it was expected to start."""
 
 

@@ -25,10 +25,13 @@ def test_framework_methods_are_final_and_handle_is_abstract() -> None:
 
 
 def test_exception_tree_has_one_root() -> None:
-    for name in streamjobs.__all__:
-        obj = getattr(streamjobs, name)
-        if inspect.isclass(obj) and issubclass(obj, BaseException):
-            assert issubclass(obj, streamjobs.StreamJobsError), name
+    import streamjobs.testing
+
+    for module in (streamjobs, streamjobs.testing):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) and issubclass(obj, BaseException):
+                assert issubclass(obj, streamjobs.StreamJobsError), name
 
 
 def test_package_ships_typed_marker_and_lua() -> None:
@@ -47,7 +50,7 @@ def test_package_ships_typed_marker_and_lua() -> None:
 
 def test_testing_is_a_public_submodule_with_light_imports() -> None:
     """``streamjobs.testing`` is imported on request only, and imports nothing but the
-    standard library and redis-py (never the consumer runtime)."""
+    standard library, redis-py and the exception tree (never the consumer runtime)."""
     probe = "import sys, streamjobs; print('streamjobs.testing' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stdout + r.stderr
@@ -57,7 +60,8 @@ def test_testing_is_a_public_submodule_with_light_imports() -> None:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            assert node.module == "exceptions", f"streamjobs.testing imports .{node.module}"
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import in streamjobs.testing"
             imported.add((node.module or "").split(".")[0])
     assert imported - {"__future__", "redis"} <= sys.stdlib_module_names
