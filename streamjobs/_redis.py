@@ -433,6 +433,11 @@ class Gateway:
 
 
 @translated
+async def ping(client: Any) -> None:
+    await client.ping()
+
+
+@translated
 async def get_config(client: Any, name: str) -> str:
     """``CONFIG GET name`` ('' if unset)."""
     reply = await client.config_get(name)

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from ._redis import ping
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer
 from .exceptions import ConfigurationError, StreamJobsError
@@ -121,7 +122,7 @@ def connect(url: str, *, cluster: bool) -> Any:
 async def _ping(client: Any, url: str) -> None:
     try:
         with anyio.fail_after(10):
-            await client.ping()
+            await ping(client)
     except Exception as exc:
         raise CliError(f"cannot reach Redis at {url}: {exc or type(exc).__name__}") from None
 
