@@ -15,6 +15,7 @@ from .exceptions import ClusterNotSettled as ClusterNotSettled
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import DeadLetter as DeadLetter
 from .exceptions import HandlerDirective as HandlerDirective
+from .exceptions import HandlerTimeout as HandlerTimeout
 from .exceptions import InvalidAssignment as InvalidAssignment
 from .exceptions import InvalidStreamName as InvalidStreamName
 from .exceptions import NoSuchGroup as NoSuchGroup
@@ -39,6 +40,7 @@ __all__ = (
     "DeadLetter",
     "DeadLetterReason",
     "HandlerDirective",
+    "HandlerTimeout",
     "InvalidAssignment",
     "InvalidStreamName",
     "Message",

@@ -17,15 +17,23 @@ _attempts      data entries only: ``handle()`` calls made before giving up
 _dead_at_ms    server time of the move, milliseconds (added by the script)
 ============== ===================================================================
 
-An assignment dead letter (reasons ``max_retries_exceeded``, ``unparseable``) is
-moved atomically out of the assignment stream; a data-entry dead letter
-(``handler_failed``) is appended before the entry is acked, so a crash in between
-leaves a duplicate dead letter, never a lost entry.
+An assignment dead letter (reasons ``max_retries_exceeded``, ``unparseable``,
+``too_large``) is moved atomically out of the assignment stream; a data-entry dead
+letter (``handler_failed``) is appended before the entry is acked, so a crash in
+between leaves a duplicate dead letter, never a lost entry.
+
+An entry too large for a script to copy field by field (more than
+``_scripts.MAX_COPY_VALUES`` names and values in all), or one with a field named
+``_fields_json`` itself, is dead-lettered with the metadata as fields and its
+original fields in one field ``_fields_json``: a JSON array
+``[name, value, name, value, ...]`` encoded by the script (cjson).
+:func:`parse_dead_letter` reads either form into the same ``fields``.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +46,11 @@ OWNER_FIELD = "_owner"
 ERROR_FIELD = "_error"
 ATTEMPTS_FIELD = "_attempts"
 DEAD_AT_FIELD = "_dead_at_ms"
+FIELDS_JSON_FIELD = "_fields_json"
+"""Carries the original fields of a dead letter too large to copy field by field.
+
+Not a metadata field: an original field of this name is kept (the dead letter then
+takes the JSON form, which holds it)."""
 META_FIELDS = (
     REASON_FIELD,
     RETRY_FIELD,
@@ -64,6 +77,10 @@ class DeadLetterReason(enum.Enum):
     """An assignment entry that cannot be parsed."""
     HANDLER_FAILED = "handler_failed"
     """A data entry whose handler kept failing, or raised ``DeadLetter``."""
+    TOO_LARGE = "too_large"
+    """An assignment to re-queue with too many fields for a script to copy."""
+    UNUSABLE_STREAM = "unusable_stream"
+    """An assignment whose data stream cannot be used (a key of another type, say)."""
     MANUAL = "manual"
     """Written by an operator."""
 
@@ -153,7 +170,8 @@ class DeadLetterRecord:
         retry_count: ``_retry_count`` (0 if missing or malformed).
         attempts: handler attempts of a data entry; None for assignments.
         dead_at_ms: server time of the move; None if missing.
-        fields: the original entry's fields, without the metadata.
+        fields: the original entry's fields, without the metadata (read from
+            ``_fields_json`` when the dead letter carries them there).
     """
 
     id: str
@@ -179,8 +197,38 @@ def _int_or_none(value: str | None) -> int | None:
     return int(value)
 
 
+def _carried(raw: str) -> dict[str, str] | None:
+    """The fields in a ``_fields_json`` value; None if it is not that JSON form."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if value == {}:  # cjson encodes an empty table as an object
+        return {}
+    if not isinstance(value, list) or len(value) % 2 or not all(isinstance(x, str) for x in value):
+        return None
+    return dict(zip(value[::2], value[1::2], strict=True))
+
+
+def _original_fields(fields: Mapping[str, str]) -> dict[str, str]:
+    own = {k: v for k, v in fields.items() if k not in META_FIELDS}
+    raw = own.get(FIELDS_JSON_FIELD)
+    carried = None if raw is None else _carried(raw)
+    if carried is None:
+        return own  # the field-by-field form (a malformed carrier is an ordinary field)
+    del own[FIELDS_JSON_FIELD]
+    out = {k: v for k, v in carried.items() if k not in META_FIELDS}
+    out.update(own)
+    return out
+
+
 def parse_dead_letter(entry_id: str, fields: Mapping[str, str]) -> DeadLetterRecord:
-    """Parse a dead-letter entry; never raises (missing metadata reads as unknown)."""
+    """Parse a dead-letter entry; never raises (missing metadata reads as unknown).
+
+    Either form is read: original fields carried in ``_fields_json`` come back in
+    ``fields`` like ones written field by field. A ``_fields_json`` value that is not
+    a JSON array of an even number of strings is kept as an ordinary field.
+    """
     try:
         reason: DeadLetterReason | None = DeadLetterReason(fields.get(REASON_FIELD, ""))
     except ValueError:
@@ -195,7 +243,7 @@ def parse_dead_letter(entry_id: str, fields: Mapping[str, str]) -> DeadLetterRec
         retry_count=_int_or_none(fields.get(RETRY_FIELD)) or 0,
         attempts=_int_or_none(fields.get(ATTEMPTS_FIELD)),
         dead_at_ms=_int_or_none(fields.get(DEAD_AT_FIELD)),
-        fields={k: v for k, v in fields.items() if k not in META_FIELDS},
+        fields=_original_fields(fields),
     )
 
 

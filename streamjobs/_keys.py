@@ -4,7 +4,8 @@ No other module builds a key by hand. The rules (docs/design.md#keys):
 
 * The assignment stream (LBS), the dead-letter stream and the lease index of a
   service share the hash tag ``{service}``, so moves between them are single-slot
-  Lua scripts even on a cluster.
+  Lua scripts even on a cluster. A custom dead-letter stream name must hash to the
+  same slot (:meth:`Keys.check_dlq_name`).
 * The lock of data stream ``D`` hashes to the same slot as ``D`` itself, so a
   script can check the lock token and touch ``D`` atomically (fenced acks and
   reads). If ``D`` carries a valid hash tag the lock keeps it; otherwise the lock
@@ -82,6 +83,35 @@ class Keys:
         """Sorted set: assignment id -> server-time lock deadline (ms); same slot as the LBS."""
         return f"{self.prefix}:{{{self.service}}}:leases"
 
+    def check_dlq_name(self, name: str) -> None:
+        """Reject a custom dead-letter stream name (``RecoveryConfig.dlq_stream``).
+
+        Moving an assignment to the dead-letter stream is one script over the LBS, the
+        dead-letter stream and the lease index, so the name must hash to the LBS's
+        cluster slot: give it the hash tag ``{service}`` (as in ``P:{service}:dlq``).
+        This holds in every cluster mode, since a standalone deployment may become a
+        cluster later. Nor may it be the LBS or the lease index itself.
+
+        Raises:
+            ConfigurationError: for field ``dlq_stream``, with the rule.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("dlq_stream", "must be a non-empty str")
+        if name in (self.assignments, self.leases):
+            raise ConfigurationError(
+                "dlq_stream", f"must not be the assignment stream or the lease index ({name!r})"
+            )
+        try:
+            slot = key_slot(name)
+        except UnicodeEncodeError:
+            raise ConfigurationError("dlq_stream", "must be valid UTF-8") from None
+        if slot != key_slot(self.assignments):
+            raise ConfigurationError(
+                "dlq_stream",
+                f"must hash to the assignment stream's cluster slot: carry the hash tag "
+                f"{{{self.service}}} (e.g. {self.prefix}:{{{self.service}}}:dead), got {name!r}",
+            )
+
     @property
     def group(self) -> str:
         """Consumer group name used on the LBS and on every data stream."""
@@ -102,6 +132,23 @@ class Keys:
         if hash_tag(stream) is not None:
             return f"{self.prefix}{_LOCK_TAGGED}{stream}"
         return f"{self.prefix}{_LOCK_WRAPPED}{stream}}}"
+
+    def check_data_stream(self, stream: str) -> None:
+        """Reject a name that cannot be a data stream of this service.
+
+        Besides :func:`check_stream_name`'s rules, every name under the key prefix
+        (``P:...``) is reserved: a data stream named like the assignment stream, the
+        dead-letter stream, the lease index or a lock would make its owner consume or
+        destroy the framework's own state.
+
+        Raises:
+            InvalidStreamName: with the reason.
+        """
+        check_stream_name(stream)
+        if stream.startswith(f"{self.prefix}:"):
+            raise InvalidStreamName(
+                stream, f"names starting with {self.prefix + ':'!r} are reserved for streamjobs"
+            )
 
     def stream_of_lock(self, lock_key: str) -> str | None:
         """Inverse of :meth:`lock`; None if ``lock_key`` is not one of ours."""

@@ -31,14 +31,26 @@ import anyio
 
 from ._backoff import Backoff
 from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
-from ._redis import REDIS_FAILURES, StreamGateway
+from ._guard import log_failure
+from ._recovery import Recoverer
+from ._redis import StreamGateway
 from ._wire import EOS_FIELD, EOS_VALUE, Assignment, is_eos
 from .config import ConsumerConfig
-from .exceptions import DeadLetter, Retry
+from .exceptions import (
+    DeadLetter,
+    HandlerTimeout,
+    NoSuchGroup,
+    Retry,
+    ScriptError,
+    WrongKeyType,
+)
 from .message import Message
 from .metrics import MetricsRecorder, StreamEvent
 
 log = logging.getLogger("streamjobs")
+
+PERMANENT = (WrongKeyType, ScriptError)
+"""Errors about a data stream that no retry can fix: its assignment is dead-lettered."""
 
 CLEANUP_TIMEOUT_S = 5.0
 """Bound on each shielded clean-up step (hand-back, report of a loss)."""
@@ -103,6 +115,7 @@ class Host(Protocol):
     """The consumer runtime, as one of its streams sees it."""
 
     gateway: StreamGateway
+    recoverer: Recoverer
     config: ConsumerConfig
     metrics: MetricsRecorder
     hooks: Hooks
@@ -125,6 +138,7 @@ class Host(Protocol):
 
 class Outcome(enum.Enum):
     FINISHED = "finished"
+    DEAD_LETTERED = "dead_lettered"  # the assignment itself: its stream is unusable
     LOST = "lost"
     STOPPED = "stopped"  # shutdown, cancellation, or a lock held by someone else
 
@@ -148,6 +162,7 @@ class OwnedStream:
         self._ending = False
         self._eos: list[str] = []
         self._completed = False  # a finish call of ours deleted the assignment
+        self.unusable: Exception | None = None  # a permanent error about the data stream
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
@@ -155,6 +170,11 @@ class OwnedStream:
     @property
     def stream(self) -> str:
         return self.assignment.stream
+
+    @property
+    def ending(self) -> bool:
+        """The end was reached (marker or ``finish()``): it completes, or is lost."""
+        return self._ending
 
     # -- called by the runtime -------------------------------------------------------
 
@@ -173,6 +193,12 @@ class OwnedStream:
         if self._wait_scope is not None:
             self._wait_scope.cancel()
         self._notify()
+
+    def request_finish(self) -> None:
+        """``finish()``: end after the current entry, or now if waiting for entries."""
+        self.finish_requested = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
 
     def cancel(self) -> None:
         """The grace period is over: cancel whatever runs (the hand-back still runs)."""
@@ -201,6 +227,8 @@ class OwnedStream:
             with self._scope:
                 if await self._acquire():
                     outcome = await self._process()
+                elif self.unusable is not None:
+                    outcome = await self._dead_letter_assignment(self.unusable)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._settle(outcome)
@@ -228,8 +256,12 @@ class OwnedStream:
                     host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
                     await self._record_lease()
                     return True
-            except REDIS_FAILURES:
+            except PERMANENT as exc:
+                self.unusable = exc
+                return False
+            except Exception as exc:
                 host.metrics.loop_error(host.service, "acquire")
+                log_failure(log, f"stream {self.stream!r}: acquire", exc, 0.0)
             if time.monotonic() >= give_up_at:
                 host.metrics.stream_event(host.service, StreamEvent.CONTENDED)
                 return False
@@ -243,10 +275,11 @@ class OwnedStream:
             await host.gateway.record_leases(
                 [self.assignment.id], host.config.lock_ttl_ms, new=True
             )
-        except REDIS_FAILURES:
+        except Exception as exc:
             # Without a lease record a crash is still found, by the XPENDING scan after
             # min_idle_s instead of the lease sweep.
             host.metrics.loop_error(host.service, "acquire")
+            log_failure(log, f"stream {self.stream!r}: recording its lease", exc, 0.0)
 
     async def _process(self) -> Outcome:
         """Hand the stream's entries to ``handle()`` until it ends, is lost or we stop."""
@@ -258,21 +291,26 @@ class OwnedStream:
             log.exception("on_stream_start(%r) raised; continuing", stream)
         backoff = Backoff()
         batch_size = host.config.read_batch_size
+        timeout_s = host.config.handler_timeout_s
         while True:
             if self.lost:
                 return Outcome.LOST
             if host.draining:
                 return Outcome.STOPPED
+            if self.finish_requested:
+                return await self._finish()
             try:
                 ok, top, batch = await host.gateway.fenced_read(
                     stream, self.token, host.name, batch_size, self.to_ack
                 )
-            except REDIS_FAILURES as exc:
+            except NoSuchGroup as exc:
+                return await self._vanished(exc)
+            except PERMANENT as exc:
+                return await self._dead_letter_assignment(exc)
+            except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
-                log.warning(
-                    "stream %r: Redis unavailable (%s); retrying in %.2fs", stream, exc, delay
-                )
+                log_failure(log, f"stream {stream!r}", exc, delay)
                 await self._pause(delay)
                 continue
             backoff.reset()
@@ -301,7 +339,10 @@ class OwnedStream:
                 ) and not await self._lease_valid():
                     break
                 try:
-                    await handle(Message(stream, entry_id, fields, info, 1))
+                    if timeout_s is None:
+                        await handle(Message(stream, entry_id, fields, info, 1))
+                    else:
+                        await self._call_with_timeout(Message(stream, entry_id, fields, info, 1))
                 except Exception as exc:
                     if not await self._retry_entry(entry_id, fields, exc):
                         break
@@ -311,6 +352,17 @@ class OwnedStream:
             if self.finish_requested:
                 return await self._finish()
 
+    async def _call_with_timeout(self, message: Message) -> None:
+        """``handle(message)``, cancelled past ``handler_timeout_s`` (a failed attempt)."""
+        timeout_s = self.host.config.handler_timeout_s
+        if timeout_s is None:
+            await self.host.hooks.handle(message)
+            return
+        with anyio.move_on_after(timeout_s) as scope:
+            await self.host.hooks.handle(message)
+        if scope.cancelled_caught:
+            raise HandlerTimeout(f"handle() did not return within {timeout_s}s")
+
     def _count_handled(self, handled: int, started: float) -> None:
         if handled:
             host = self.host
@@ -319,13 +371,15 @@ class OwnedStream:
     async def _wait_for_entries(self, top: str) -> None:
         host = self.host
         with anyio.CancelScope() as self._wait_scope:
-            if self._stopping():
+            if self._stopping() or self.finish_requested:
                 return
             try:
                 await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
-            except REDIS_FAILURES:
+            except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
-                await anyio.sleep(Backoff().next_delay())
+                delay = Backoff().next_delay()
+                log_failure(log, f"stream {self.stream!r}: waiting for entries", exc, delay)
+                await anyio.sleep(delay)
         self._wait_scope = None
 
     async def _pause(self, delay_s: float) -> bool:
@@ -388,7 +442,7 @@ class OwnedStream:
             attempt += 1
             message = Message(self.stream, entry_id, fields, self.assignment.info, attempt)
             try:
-                await host.hooks.handle(message)
+                await self._call_with_timeout(message)
                 return True
             except Exception as exc:
                 error = exc
@@ -411,9 +465,11 @@ class OwnedStream:
         while True:
             try:
                 _, trimmed = await host.gateway.dead_letter_entry(letter)
-            except REDIS_FAILURES:
+            except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
-                if not await self._pause(backoff.next_delay()):
+                delay = backoff.next_delay()
+                log_failure(log, f"stream {self.stream!r}: writing a dead letter", exc, delay)
+                if not await self._pause(delay):
                     return False
                 continue
             host.metrics.dead_lettered(host.service, DeadLetterReason.HANDLER_FAILED)
@@ -421,7 +477,7 @@ class OwnedStream:
                 host.metrics.dlq_trimmed(host.service, trimmed)
             return True
 
-    async def _finish(self) -> Outcome:
+    async def _finish(self, event: StreamEvent = StreamEvent.FINISHED) -> Outcome:
         """Complete the assignment, THEN release the lock (never the other way round)."""
         host = self.host
         self._ending = True
@@ -430,20 +486,64 @@ class OwnedStream:
             try:
                 done = await self._complete()
                 break
-            except REDIS_FAILURES:
+            except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
-                if not await self._pause(backoff.next_delay()):
+                delay = backoff.next_delay()
+                log_failure(log, f"stream {self.stream!r}: finishing", exc, delay)
+                if not await self._pause(delay):
                     return Outcome.LOST if self.lost else Outcome.STOPPED
         if not done:
             self.mark_lost()
             return Outcome.LOST
-        host.metrics.stream_event(host.service, StreamEvent.FINISHED)
+        host.metrics.stream_event(host.service, event)
         host.disown(self)
         try:
             await host.hooks.on_stream_end(self.stream)
         except Exception:
             log.exception("on_stream_end(%r) raised", self.stream)
         return Outcome.FINISHED
+
+    async def _vanished(self, exc: NoSuchGroup) -> Outcome:
+        """The data stream (or its group) was deleted or expired while we owned it.
+
+        Nothing of it is left to handle: its assignment is completed like a finished
+        one, so that the slot, the lock, the lease and the assignment do not leak.
+        """
+        log.warning(
+            "stream %r vanished while owned (deleted, expired, or its group destroyed: "
+            "%s): completing its assignment",
+            self.stream,
+            exc,
+        )
+        return await self._finish(StreamEvent.VANISHED)
+
+    async def _dead_letter_assignment(self, exc: Exception) -> Outcome:
+        """The data stream cannot be used (a key of another type, a script error): retrying
+        cannot help, so the assignment goes to the dead-letter stream, then the lock."""
+        host = self.host
+        log.error(
+            "stream %r cannot be processed (%s): dead-lettering its assignment", self.stream, exc
+        )
+        backoff = Backoff()
+        while True:
+            try:
+                await host.recoverer.dead_letter(
+                    self.assignment.id,
+                    DeadLetterReason.UNUSABLE_STREAM,
+                    retry_count=self.assignment.retry_count,
+                    owner=host.name,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+                await host.gateway.release(self.stream, self.token, -1)
+                break
+            except Exception as failure:
+                delay = backoff.next_delay()
+                host.metrics.loop_error(host.service, "stream")
+                log_failure(log, f"dead-lettering stream {self.stream!r}", failure, delay)
+                if not await self._pause(delay):
+                    return Outcome.LOST if self.lost else Outcome.STOPPED
+        host.disown(self)
+        return Outcome.DEAD_LETTERED
 
     async def _complete(self) -> bool:
         """One attempt at completing: finish the assignment, then release with retention.
@@ -478,7 +578,7 @@ class OwnedStream:
 
     async def _settle(self, outcome: Outcome) -> None:
         """Clean-up after the stream's task ended (shielded): hand back what is unfinished."""
-        if outcome is Outcome.FINISHED:
+        if outcome in (Outcome.FINISHED, Outcome.DEAD_LETTERED):
             return
         self.host.disown(self)
         if self.lost:
@@ -503,8 +603,8 @@ class OwnedStream:
         host = self.host
         try:
             done = await self._complete()
-        except REDIS_FAILURES as exc:
-            log.warning("could not finish stream %r (%s): handing it back", self.stream, exc)
+        except Exception as exc:
+            log_failure(log, f"stream {self.stream!r}: finishing on exit", exc, 0.0)
             await self._hand_back()
             return
         if done:
@@ -538,11 +638,9 @@ class OwnedStream:
             await gw.release(
                 self.stream, self.token, self._retention_ms() if self._completed else -1
             )
-        except REDIS_FAILURES as exc:
-            log.warning(
-                "could not hand back stream %r (%s): its lock will expire and it will be recovered",
-                self.stream,
-                exc,
+        except Exception as exc:
+            log_failure(
+                log, f"could not hand back stream {self.stream!r}: it will be recovered", exc, 0.0
             )
             return
         if self.acquired:

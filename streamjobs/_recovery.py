@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from ._deadletter import DeadLetterReason, assignment_meta
-from ._redis import RawFields, StreamGateway
+from ._redis import EntryTooLarge, RawFields, StreamGateway
 from ._wire import Assignment, parse_assignment, parse_retry_count
 from .exceptions import InvalidAssignment
 from .metrics import MetricsRecorder, RequeueOutcome
@@ -76,6 +76,8 @@ class Recoverer:
     async def recover(self, assignment_id: str, *, owner: str = "") -> RequeueOutcome:
         """Re-queue or dead-letter one pending assignment whose lock is gone.
 
+        One with too many fields to re-queue is dead-lettered as ``too_large``.
+
         Raises:
             RedisUnavailable: Redis could not be reached (nothing was changed, or the
                 script ran atomically: either way retrying is safe).
@@ -87,7 +89,9 @@ class Recoverer:
             await self._gw.requeue(assignment_id, None)
             return self._count(RequeueOutcome.LOST_RACE)
         try:
-            parsed: Assignment | InvalidAssignment = parse_assignment(assignment_id, fields)
+            parsed: Assignment | InvalidAssignment = parse_assignment(
+                assignment_id, fields, self._gw.keys
+            )
         except InvalidAssignment as exc:
             parsed = exc
         lock_exists = False
@@ -102,15 +106,27 @@ class Recoverer:
         if decision.action is Action.SKIP_ALIVE:
             return self._count(RequeueOutcome.OWNER_ALIVE)
         if decision.action is Action.REQUEUE:
-            new_id = await self._gw.requeue(assignment_id, decision.retry_count)
-            return self._count(
-                RequeueOutcome.LOST_RACE if new_id is None else RequeueOutcome.REQUEUED
-            )
+            try:
+                new_id = await self._gw.requeue(assignment_id, decision.retry_count)
+            except EntryTooLarge as exc:
+                # Refused before any write, so it is still pending: a copy cannot be
+                # made, but a dead letter can (its fields carried as JSON).
+                decision = Decision(
+                    Action.DEAD_LETTER, DeadLetterReason.TOO_LARGE, decision.retry_count, str(exc)
+                )
+            else:
+                return self._count(
+                    RequeueOutcome.LOST_RACE if new_id is None else RequeueOutcome.REQUEUED
+                )
         assert decision.reason is not None
         if not owner:
             owner = await self._gw.pending_owner(assignment_id)
-        moved = await self._dead_letter(
-            assignment_id, decision.reason, decision.retry_count, owner, decision.error
+        moved = await self.dead_letter(
+            assignment_id,
+            decision.reason,
+            retry_count=decision.retry_count,
+            owner=owner,
+            error=decision.error,
         )
         return self._count(RequeueOutcome.DEAD_LETTERED if moved else RequeueOutcome.LOST_RACE)
 
@@ -118,13 +134,24 @@ class Recoverer:
         self, assignment_id: str, fields: RawFields, error: InvalidAssignment, *, owner: str
     ) -> bool:
         """Dead-letter an assignment intake could not parse; False if it was not pending."""
-        return await self._dead_letter(
-            assignment_id, DeadLetterReason.UNPARSEABLE, _safe_retry(fields), owner, str(error)
+        return await self.dead_letter(
+            assignment_id,
+            DeadLetterReason.UNPARSEABLE,
+            retry_count=_safe_retry(fields),
+            owner=owner,
+            error=str(error),
         )
 
-    async def _dead_letter(
-        self, assignment_id: str, reason: DeadLetterReason, retry_count: int, owner: str, error: str
+    async def dead_letter(
+        self,
+        assignment_id: str,
+        reason: DeadLetterReason,
+        *,
+        retry_count: int,
+        owner: str,
+        error: str = "",
     ) -> bool:
+        """Move a pending assignment to the dead-letter stream; False if it was not pending."""
         meta = assignment_meta(
             reason,
             retry_count=retry_count,

@@ -24,9 +24,10 @@ import anyio
 import anyio.abc
 
 from ._backoff import Backoff
+from ._guard import LoopGuard, log_failure
 from ._notifications import ClusterWatcher, ensure_keyspace_events, subscribe
 from ._recovery import Recoverer
-from ._redis import REDIS_FAILURES, StreamGateway, client_db
+from ._redis import StreamGateway, client_db
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder
 
@@ -92,11 +93,24 @@ class RecoveryLoops:
         recheck_ms = max(100, self._consumer.lock_ttl_ms // 2)
         due = await self._gw.sweep_leases(horizon_ms, _SWEEP_LIMIT, recheck_ms)
         for assignment_id in due:
-            await self._recoverer.recover(assignment_id)
+            await self._recover_one(assignment_id, "")
         return len(due)
 
+    async def _recover_one(self, assignment_id: str, owner: str) -> None:
+        """Recover one assignment; a failure is logged and counted, never stops a pass.
+
+        One entry that cannot be recovered (whatever the reason) must not keep the
+        ones behind it from being recovered. The sweep hands the id out again after
+        its re-check delay, and the scan finds it on a later pass.
+        """
+        try:
+            await self._recoverer.recover(assignment_id, owner=owner)
+        except Exception as exc:
+            self._metrics.loop_error(self._service, "recover")
+            log_failure(log, f"recovering assignment {assignment_id}", exc, 0.0)
+
     async def _sweep_loop(self) -> None:
-        backoff = Backoff()
+        guard = LoopGuard("sweep", self._service, self._metrics, log)
         interval = self._cfg.lease_check_interval_s
         # Lease deadlines trail lock deadlines by a round trip; a woken sweep looks a
         # little ahead so the lock that just expired is included.
@@ -113,11 +127,9 @@ class RecoveryLoops:
             try:
                 while await self.sweep_once(horizon_ms if woken else 0) == _SWEEP_LIMIT:
                     pass
-                backoff.reset()
-            except REDIS_FAILURES as exc:
-                self._metrics.loop_error(self._service, "sweep")
-                log.warning("lease sweep failed (%s)", exc)
-                await anyio.sleep(backoff.next_delay())
+                guard.ok()
+            except Exception as exc:
+                await guard.failed(exc, "lease sweep")
 
     # -- reconciliation scan -------------------------------------------------------
 
@@ -136,22 +148,22 @@ class RecoveryLoops:
         for entry, score in zip(page, scores, strict=True):
             if score is not None and score > now_ms:
                 continue  # a live lease: the sweep will look at it when it is due
-            await self._recoverer.recover(entry.id, owner=entry.consumer)
+            await self._recover_one(entry.id, entry.consumer)
             tried += 1
         return tried
 
     async def _scan_loop(self) -> None:
-        backoff = Backoff()
+        guard = LoopGuard("scan", self._service, self._metrics, log)
         while True:
             try:
                 await self.scan_once()
-                backoff.reset()
-                wait = self._cfg.interval_s * (1 + self._rng.uniform(0, self._cfg.jitter_fraction))
-            except REDIS_FAILURES as exc:
-                self._metrics.loop_error(self._service, "scan")
-                log.warning("reconciliation scan failed (%s)", exc)
-                wait = backoff.next_delay()
-            await anyio.sleep(wait)
+            except Exception as exc:
+                await guard.failed(exc, "reconciliation scan")
+                continue
+            guard.ok()
+            await anyio.sleep(
+                self._cfg.interval_s * (1 + self._rng.uniform(0, self._cfg.jitter_fraction))
+            )
 
     # -- keyspace notifications ------------------------------------------------------
 
@@ -180,8 +192,14 @@ class RecoveryLoops:
     async def _subscriber_loop(self) -> None:
         backoff = Backoff()
         pattern = self._channel_pattern()
+        first = True
         while True:
             try:
+                if not first:
+                    # A server restarted without persistence forgot the flags; set
+                    # them again on every re-subscription (a no-op when they are set).
+                    await self.ensure_keyspace_events()
+                first = False
                 async with anyio.create_task_group() as tg:
                     await tg.start(
                         subscribe,

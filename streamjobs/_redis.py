@@ -16,7 +16,8 @@ reset, timeouts, LOADING, CLUSTERDOWN, TRYAGAIN, a failover's UNBLOCKED or
 READONLY) and a :class:`~streamjobs.RedisCommandError` for an error reply that
 retrying will not fix, classified into :class:`~streamjobs.NoSuchGroup`,
 :class:`~streamjobs.WrongKeyType` and (inside our scripts)
-:class:`~streamjobs.ScriptError`. Nobody outside this module looks at message text.
+:class:`~streamjobs.ScriptError`, of which :class:`EntryTooLarge` is the one a caller
+acts on. Nobody outside this module looks at message text.
 """
 
 from __future__ import annotations
@@ -26,17 +27,19 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+import anyio
 from redis import exceptions as rex
 
-from ._deadletter import DEAD_AT_FIELD, Pairs, flatten
+from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
-from ._scripts import Scripts
+from ._scripts import MAX_COPY_VALUES, Scripts
 from ._wire import RETRY_FIELD
 from .exceptions import (
     NoSuchGroup,
     RedisCommandError,
     RedisUnavailable,
     ScriptError,
+    StreamJobsError,
     WrongKeyType,
 )
 
@@ -72,6 +75,24 @@ _TRANSIENT_PREFIXES = (
     "READONLY",
 )
 
+
+class UnexpectedClientError(RedisUnavailable):
+    """The client raised something that is not a Redis error while running a command.
+
+    Seen in practice: ``AttributeError`` from inside redis-py when a connection is torn
+    down under load during a failover. Treated as transient (the command may or may
+    not have run, exactly as with a lost connection), but logged with its traceback.
+    """
+
+
+class EntryTooLarge(ScriptError):
+    """TOOLARGE: ``requeue.lua`` refused to copy an assignment with more fields than
+    one XADD in a script can carry (``_scripts.MAX_COPY_VALUES``). Nothing was written:
+    the assignment is still pending, and recovery dead-letters it as ``too_large``."""
+
+
+_TOO_LARGE_PREFIX = "TOOLARGE"
+
 REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, RedisCommandError)
 """Everything this boundary raises for a failed command. Loops catch this, back off
 and carry on, so that no Redis failure (transient or not) ends a loop."""
@@ -98,6 +119,8 @@ def translate(exc: BaseException, *, in_script: bool = False) -> BaseException:
             return NoSuchGroup(message)
         if reply.startswith("WRONGTYPE"):
             return WrongKeyType(message)
+        if in_script and reply.startswith(_TOO_LARGE_PREFIX):
+            return EntryTooLarge(message)
         if in_script:
             return ScriptError(message)
     return RedisCommandError(message)
@@ -113,6 +136,10 @@ def _translating(
                 return await fn(*args, **kwargs)
             except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
                 raise translate(exc, in_script=in_script) from exc
+            except StreamJobsError:
+                raise
+            except Exception as exc:
+                raise UnexpectedClientError(f"{type(exc).__name__}: {exc}") from exc
 
         return wrapper
 
@@ -143,6 +170,15 @@ def entries(raw: Sequence[Any] | None) -> list[Entry]:
             (text(item[0]), {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)})
         )
     return out
+
+
+def raw(values: Sequence[str]) -> list[bytes]:
+    """Strings that may have come from :func:`text` as the bytes they were decoded from.
+
+    Data-entry fields reach ``handle()`` decoded with ``surrogateescape``; a dead letter
+    must write those exact bytes back (redis-py's encoder would refuse the surrogates).
+    """
+    return [v.encode("utf-8", "surrogateescape") for v in values]
 
 
 def _raw_fields(fields: Mapping[Any, Any] | None) -> RawFields:
@@ -179,7 +215,9 @@ class StreamGateway(Protocol):
     ) -> tuple[str, int] | None: ...
     async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]: ...
     async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool: ...
-    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]: ...
+    async def extend_many(
+        self, locks: Sequence[tuple[str, str]], ttl_ms: int
+    ) -> list[bool | None]: ...
     async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None: ...
     async def fenced_read(
         self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
@@ -200,6 +238,10 @@ class Gateway:
         keys: the service's key names.
         dlq: the dead-letter stream; default ``keys.dead_letters``.
         dlq_maxlen: approximate cap of the dead-letter stream; 0 = unbounded.
+
+    Attributes:
+        max_copy_values: the most field names and values a script copies field by
+            field (``_scripts.MAX_COPY_VALUES``; tests lower it).
     """
 
     def __init__(self, client: Any, keys: Keys, *, dlq: str | None = None, dlq_maxlen: int = 0):
@@ -207,6 +249,7 @@ class Gateway:
         self.keys = keys
         self.dlq = dlq or keys.dead_letters
         self.dlq_maxlen = dlq_maxlen
+        self.max_copy_values = MAX_COPY_VALUES
         self.scripts = Scripts(client)
         self._is_cluster = hasattr(client, "get_primaries")
 
@@ -216,6 +259,11 @@ class Gateway:
     async def add_assignment(self, fields: Mapping[str, str]) -> str:
         """Append an assignment entry to the assignment stream; returns its id."""
         return text(await self.client.xadd(self.keys.assignments, dict(fields)))
+
+    @translated
+    async def clear_retention(self, stream: str) -> None:
+        """Remove a TTL left on a data stream by an earlier job of the same name."""
+        await self.client.persist(stream)
 
     @translated
     async def append(self, stream: str, fields: Mapping[str, str | bytes | int | float]) -> str:
@@ -308,6 +356,11 @@ class Gateway:
 
         Returns the new entry's id, or None if the entry was not pending (someone else
         re-queued or finished it). Its lease is forgotten either way.
+
+        Raises:
+            EntryTooLarge: the entry has too many fields to copy; it is still pending
+                and its lease is kept (nothing was written).
+            WrongKeyType: the assignment stream is not a stream (nothing was written).
         """
         r = await self.scripts.requeue(
             keys=[self.keys.assignments, self.keys.leases],
@@ -316,6 +369,7 @@ class Gateway:
                 assignment_id,
                 RETRY_FIELD,
                 "" if retry_count is None else str(retry_count),
+                self.max_copy_values,
             ],
         )
         return None if r is None else text(r)
@@ -326,12 +380,26 @@ class Gateway:
     ) -> tuple[str, int] | None:
         """Atomic XACK, XADD to the DLQ, XDEL; None if the entry was not pending.
 
+        An entry too large to copy field by field is carried in ``_fields_json``.
+
         Returns:
             (dead letter id, entries trimmed off the DLQ by MAXLEN).
+
+        Raises:
+            WrongKeyType: the dead-letter key holds another type; nothing was written,
+                the entry is still pending.
         """
         r = await self.scripts.dead_letter(
             keys=[self.keys.assignments, self.dlq, self.keys.leases],
-            args=[self.keys.group, assignment_id, self.dlq_maxlen, DEAD_AT_FIELD, *flatten(meta)],
+            args=[
+                self.keys.group,
+                assignment_id,
+                self.dlq_maxlen,
+                DEAD_AT_FIELD,
+                FIELDS_JSON_FIELD,
+                self.max_copy_values,
+                *raw(flatten(meta)),
+            ],
         )
         if r is None:
             return None
@@ -339,9 +407,28 @@ class Gateway:
 
     @script
     async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]:
-        """Append a dead letter for a data-stream entry; returns (id, entries trimmed)."""
+        """Append a dead letter for a data-stream entry; returns (id, entries trimmed).
+
+        ``fields`` are the original fields and the metadata (told apart by name, see
+        ``_deadletter.entry_dead_letter``). An entry too large to copy field by field is
+        carried in ``_fields_json``.
+
+        Raises:
+            WrongKeyType: the dead-letter key holds another type; nothing was written.
+        """
+        meta = [pair for pair in fields if pair[0] in META_FIELDS]
+        original = [pair for pair in fields if pair[0] not in META_FIELDS]
         r = await self.scripts.dlq_add(
-            keys=[self.dlq], args=[self.dlq_maxlen, DEAD_AT_FIELD, *flatten(fields)]
+            keys=[self.dlq],
+            args=[
+                self.dlq_maxlen,
+                DEAD_AT_FIELD,
+                FIELDS_JSON_FIELD,
+                self.max_copy_values,
+                2 * len(meta),
+                *raw(flatten(meta)),
+                *raw(flatten(original)),
+            ],
         )
         return text(r[0]), int(r[1])
 
@@ -355,21 +442,46 @@ class Gateway:
         return int(r) == 1
 
     @script
-    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
-        """Extend each (stream, token) lock; one round trip on a standalone server."""
-        if self._is_cluster:
-            out = []
-            for stream, token in locks:
-                r = await self.scripts.extend(keys=[self.keys.lock(stream)], args=[token, ttl_ms])
-                out.append(int(r) == 1)
-            return out
-        async with self.client.pipeline(transaction=False) as pipe:
-            for stream, token in locks:
-                await self.scripts.extend(
-                    keys=[self.keys.lock(stream)], args=[token, ttl_ms], client=pipe
-                )
-            replies = await pipe.execute()
-        return [int(r) == 1 for r in replies]
+    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:
+        """Extend each (stream, token) lock (compare-and-set on the token).
+
+        Returns, per lock: True extended, False gone or someone else's, None unknown
+        (its node could not be reached). On a standalone server it is one pipelined
+        round trip and all or nothing (it raises). On a cluster the locks are grouped
+        by node and each node is asked concurrently, so one unreachable primary
+        (mid-failover) does not keep the locks on the others from being extended.
+        """
+        if not self._is_cluster:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for stream, token in locks:
+                    await self.scripts.extend(
+                        keys=[self.keys.lock(stream)], args=[token, ttl_ms], client=pipe
+                    )
+                replies = await pipe.execute()
+            return [int(r) == 1 for r in replies]
+        by_node: dict[str, list[int]] = {}
+        for i, (stream, _) in enumerate(locks):
+            node = self.client.get_node_from_key(self.keys.lock(stream))
+            by_node.setdefault(node.name, []).append(i)
+        out: list[bool | None] = [None] * len(locks)
+
+        async def extend_on_node(indexes: list[int]) -> None:
+            for i in indexes:
+                stream, token = locks[i]
+                try:
+                    r = await self.scripts.extend(
+                        keys=[self.keys.lock(stream)], args=[token, ttl_ms]
+                    )
+                except Exception:
+                    return  # this node is away: the rest of its locks stay unknown
+                out[i] = int(r) == 1
+
+        async with anyio.create_task_group() as tg:
+            for indexes in by_node.values():
+                tg.start_soon(extend_on_node, indexes)
+        if locks and all(r is None for r in out):
+            raise RedisUnavailable("no lock could be extended: no primary answered")
+        return out
 
     @script
     async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ._backoff import Backoff
+from ._guard import LoopGuard, log_failure
 from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
@@ -89,6 +89,7 @@ class Runtime:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._stop = anyio.Event()
+        self._intake_done = anyio.Event()
         self._stopped = anyio.Event()
         self._ready = anyio.Event()
         self._draining = False
@@ -103,6 +104,11 @@ class Runtime:
         return self._draining
 
     def adopt(self, stream: OwnedStream) -> None:
+        previous = self.owned.get(stream.stream)
+        if previous is not None and previous is not stream:
+            # This consumer took the stream again (it stalled past its TTL and then
+            # read its own re-queued assignment): the new lock proves the old one gone.
+            previous.mark_lost()
         self.owned[stream.stream] = stream
         self.metrics.owned_streams(self.service, len(self.owned))
 
@@ -126,7 +132,7 @@ class Runtime:
     def finish(self, stream: str) -> None:
         owned = self.owned.get(stream)
         if owned is not None:
-            owned.finish_requested = True
+            owned.request_finish()
 
     async def claim(self, assignment_id: str) -> RequeueOutcome:
         return await self.recoverer.recover(assignment_id)
@@ -163,13 +169,14 @@ class Runtime:
             raise StreamJobsError("this consumer is already running")
         self.running = True
         self._stopped = anyio.Event()
+        self._intake_done = anyio.Event()
+        self._draining = False
         try:
             await self.gateway.ensure_group()
             async with anyio.create_task_group() as tg:
                 await tg.start(self._host_streams)
                 tg.start_soon(self._heartbeat_loop)
-                intake_scope = anyio.CancelScope()
-                tg.start_soon(self._intake_loop, intake_scope)
+                tg.start_soon(self._intake_loop)
                 await self.loops.start(tg)
                 self._ready.set()
                 task_status.started()
@@ -177,7 +184,6 @@ class Runtime:
                     await self._stop.wait()
                 finally:
                     with anyio.CancelScope(shield=True):
-                        intake_scope.cancel()
                         await self._drain()
                 tg.cancel_scope.cancel()
         finally:
@@ -193,8 +199,13 @@ class Runtime:
             await anyio.sleep_forever()
 
     async def _drain(self) -> None:
-        """Phases 2 and 3 of shutdown: drain within the grace period, then cancel."""
+        """Phases 2 and 3 of shutdown: stop intake, drain within the grace period, cancel."""
         self._draining = True
+        self._wake_intake()
+        # The intake read in flight is allowed to finish: an assignment the server
+        # already delivered is handed back, never left pending without a lock.
+        with anyio.move_on_after(self.config.read_block_ms / 1000 + CLEANUP_TIMEOUT_S):
+            await self._intake_done.wait()
         for stream in list(self._streams):
             stream.interrupt()
         with anyio.move_on_after(self.config.shutdown_grace_s):
@@ -204,13 +215,21 @@ class Runtime:
         with anyio.move_on_after(CLEANUP_TIMEOUT_S * 3):
             await self._all_done.wait()
 
+    def _wake_intake(self) -> None:
+        self._slot_freed.set()
+        self._slot_freed = anyio.Event()
+
     async def _stream_task(self, stream: OwnedStream) -> None:
         try:
             await stream.run()
+        except Exception:
+            # A bug, not a Redis failure (those are handled inside): the stream already
+            # settled (handed back or left to recovery); the consumer carries on.
+            self.metrics.loop_error(self.service, "stream")
+            log.exception("stream %r: unexpected error; it was given up", stream.stream)
         finally:
             self._streams.discard(stream)
-            self._slot_freed.set()
-            self._slot_freed = anyio.Event()
+            self._wake_intake()
             if not self._streams:
                 self._all_done.set()
 
@@ -221,35 +240,58 @@ class Runtime:
         self._streams.add(stream)
         self._streams_tg.start_soon(self._stream_task, stream)
 
-    async def _intake_loop(self, scope: anyio.CancelScope) -> None:
-        backoff = Backoff()
-        with scope:
-            while True:
+    async def _intake_loop(self) -> None:
+        guard = LoopGuard("intake", self.service, self.metrics, log)
+        try:
+            while not self._draining:
                 free = self.config.max_concurrent_streams - len(self._streams)
                 if free <= 0:
                     await self._slot_freed.wait()
                     continue
                 try:
-                    batch = await self.gateway.read_assignments(
-                        self.name, free, self.config.read_block_ms
-                    )
-                except REDIS_FAILURES as exc:
-                    self.metrics.loop_error(self.service, "intake")
-                    delay = backoff.next_delay()
-                    log.warning("intake: %s; retrying in %.2fs", exc, delay)
+                    batch = await self._read_assignments(free)
+                except Exception as exc:
                     if isinstance(exc, NoSuchGroup):  # the LBS or its group was deleted
                         with contextlib.suppress(*REDIS_FAILURES):
                             await self.gateway.ensure_group()
-                    await anyio.sleep(delay)
+                    await guard.failed(exc, "intake")
                     continue
-                backoff.reset()
-                for entry_id, fields in batch:
-                    try:
-                        assignment = parse_assignment(entry_id, fields)
-                    except InvalidAssignment as exc:
-                        await self._dead_letter_unparseable(entry_id, fields, exc)
-                        continue
-                    self._start_stream(OwnedStream(self, assignment))
+                guard.ok()
+                await self._take(batch)
+        finally:
+            self._intake_done.set()
+
+    async def _read_assignments(self, count: int) -> list[tuple[str, RawFields]]:
+        """XREADGROUP, shielded: once the server answered, the reply must be acted on.
+
+        A cancelled read whose reply was already sent would leave the delivered
+        assignments pending without a lock, costing a retry and ``min_idle_s``. The
+        read blocks at most ``read_block_ms``; the bound beyond it covers a dead socket.
+        """
+        block_ms = self.config.read_block_ms
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(block_ms / 1000 + CLEANUP_TIMEOUT_S),
+        ):
+            return await self.gateway.read_assignments(self.name, count, block_ms)
+        return []
+
+    async def _take(self, batch: list[tuple[str, RawFields]]) -> None:
+        """Start a stream task per parsed assignment; dead-letter the unparseable ones.
+
+        Streams are started without an await in between, so even under cancellation
+        each assignment gets its task, whose clean-up hands it back.
+        """
+        bad: list[tuple[str, RawFields, InvalidAssignment]] = []
+        for entry_id, fields in batch:
+            try:
+                assignment = parse_assignment(entry_id, fields, self.gateway.keys)
+            except InvalidAssignment as exc:
+                bad.append((entry_id, fields, exc))
+                continue
+            self._start_stream(OwnedStream(self, assignment))
+        for entry_id, fields, why in bad:
+            await self._dead_letter_unparseable(entry_id, fields, why)
 
     async def _dead_letter_unparseable(
         self, entry_id: str, fields: RawFields, exc: InvalidAssignment
@@ -257,9 +299,10 @@ class Runtime:
         log.warning("assignment %s is unparseable (%s): dead-lettering it", entry_id, exc)
         try:
             await self.recoverer.dead_letter_unparseable(entry_id, fields, exc, owner=self.name)
-        except REDIS_FAILURES:
+        except Exception as failure:
             # Still pending with no lock: the reconciliation scan dead-letters it later.
             self.metrics.loop_error(self.service, "intake")
+            log_failure(log, f"dead-lettering assignment {entry_id}", failure, 0.0)
 
     async def _heartbeat_loop(self) -> None:
         cfg = self.config
@@ -276,28 +319,34 @@ class Runtime:
                 results = await self.gateway.extend_many(
                     [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
                 )
-            except REDIS_FAILURES as exc:
+            except Exception as exc:
                 # Tolerated up to the TTL: the local lease stops handing entries once it
                 # lapses, and an extend that succeeds later proves nobody took over.
                 self.metrics.heartbeat(self.service, False)
-                log.warning("heartbeat: Redis unavailable (%s)", exc)
+                log_failure(log, "heartbeat", exc, retry_s)
                 delay = retry_s
                 for o in live:
                     o.heartbeat_failed()
                 continue
-            self.metrics.heartbeat(self.service, True)
-            delay = cfg.heartbeat_s
+            partial = None in results
+            self.metrics.heartbeat(self.service, not partial)
+            delay = retry_s if partial else cfg.heartbeat_s
             renewed = []
             for o, extended in zip(live, results, strict=True):
                 if extended:
                     o.renew(sent)
                     renewed.append(o.assignment.id)
-                else:
+                elif extended is None:
+                    o.heartbeat_failed()  # its node was away: try again soon
+                elif not o.ending and self.owned.get(o.stream) is o:
+                    # A stream that finished meanwhile released its own lock: that is
+                    # not a loss.
                     o.mark_lost()
             try:
                 await self.gateway.record_leases(renewed, cfg.lock_ttl_ms, new=False)
-            except REDIS_FAILURES:
+            except Exception as exc:
                 self.metrics.loop_error(self.service, "heartbeat")
+                log_failure(log, "recording leases", exc, 0.0)
 
 
 async def _started_run(

@@ -10,6 +10,17 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+MAX_COPY_VALUES = 7_800
+"""The most field names and values a script passes to one XADD.
+
+A script copies an entry by building a table of its fields and handing it to XADD
+with ``unpack()``, which cannot push more than ``LUAI_MAXCSTACK`` (8,000) values: on
+Redis 7.0 an XADD of 3,999 fields (7,998 values) is the largest that works. The scripts
+check the size first, and write nothing if it is past this limit: ``requeue.lua``
+refuses (``TOOLARGE``), the dead-letter scripts carry the original fields in one JSON
+field instead (docs/design.md#wire-format). The margin below 8,000 leaves room for the
+values already on the stack."""
+
 NAMES = (
     "acquire",
     "extend",

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._keys import check_stream_name
+from ._keys import Keys, check_stream_name
 from .exceptions import InvalidAssignment, InvalidStreamName
 
 STREAM_FIELD = "stream"
@@ -71,12 +71,30 @@ def _info(raw: str, what: str) -> dict[str, Any]:
     return info
 
 
-def parse_assignment(entry_id: str, fields: Mapping[str, bytes | str]) -> Assignment:
+def parse_assignment(
+    entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None = None
+) -> Assignment:
     """Parse one assignment entry's fields (names already decoded).
 
+    Args:
+        entry_id: the entry's id.
+        fields: its fields.
+        keys: the service's keys; a stream named like one of them is refused.
+
     Raises:
-        InvalidAssignment: why the entry cannot be processed.
+        InvalidAssignment: why the entry cannot be processed. Nothing else: any failure
+            of the parser (a RecursionError from deeply nested JSON, say) is one, since
+            one bad entry must never stop a reader.
     """
+    try:
+        return _parse(entry_id, fields, keys)
+    except InvalidAssignment:
+        raise
+    except Exception as exc:
+        raise InvalidAssignment(f"cannot be parsed ({type(exc).__name__}: {exc})"[:500]) from None
+
+
+def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) -> Assignment:
     retry_count = parse_retry_count(fields)
     if STREAM_FIELD in fields:
         stream = _text(fields[STREAM_FIELD], STREAM_FIELD)
@@ -98,7 +116,10 @@ def parse_assignment(entry_id: str, fields: Mapping[str, bytes | str]) -> Assign
     else:
         raise InvalidAssignment(f"missing field {STREAM_FIELD!r}")
     try:
-        check_stream_name(stream)
+        if keys is None:
+            check_stream_name(stream)
+        else:
+            keys.check_data_stream(stream)
     except InvalidStreamName as exc:
         raise InvalidAssignment(str(exc)) from None
     return Assignment(id=entry_id, stream=stream, info=info, retry_count=retry_count)

@@ -64,6 +64,7 @@ _CONSUMER_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("--block-ms", "read_block_ms", int, "how long an idle read blocks, milliseconds"),
     ("--max-attempts", "max_handler_attempts", int, "handler attempts per entry"),
     ("--grace", "shutdown_grace_s", float, "shutdown grace period, seconds"),
+    ("--handler-timeout", "handler_timeout_s", float, "longest handle() call, seconds"),
 )
 _RECOVERY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("--scan-interval", "interval_s", float, "reconciliation scan period, seconds"),

@@ -78,6 +78,10 @@ class ConsumerConfig:
         handler_backoff_s: delay before the second attempt; doubles per attempt.
         handler_backoff_max_s: cap of that delay.
         shutdown_grace_s: time in-flight handlers get to finish on shutdown.
+        handler_timeout_s: longest a ``handle()`` call may run; past it the call is
+            cancelled and counts as a failed attempt (retried with backoff, then
+            dead-lettered). None (the default) lets a call run for as long as it takes,
+            holding its stream meanwhile.
         finished_stream_ttl_s: TTL set on a data stream once it is finished; 0 deletes
             it at once, None keeps it.
         key_prefix: prefix of every key (docs/design.md#keys).
@@ -93,6 +97,7 @@ class ConsumerConfig:
     handler_backoff_s: float = 0.1
     handler_backoff_max_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    handler_timeout_s: float | None = None
     finished_stream_ttl_s: float | None = 3600.0
     key_prefix: str = DEFAULT_PREFIX
 
@@ -125,6 +130,8 @@ class ConsumerConfig:
         _non_negative("handler_backoff_s", self.handler_backoff_s)
         _non_negative("handler_backoff_max_s", self.handler_backoff_max_s)
         _non_negative("shutdown_grace_s", self.shutdown_grace_s)
+        if self.handler_timeout_s is not None:
+            _positive("handler_timeout_s", self.handler_timeout_s)
         if self.finished_stream_ttl_s is not None:
             _non_negative("finished_stream_ttl_s", self.finished_stream_ttl_s)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} \t\n"):
@@ -164,8 +171,12 @@ class RecoveryConfig:
             of its ``lock_ttl_s``.
         batch_size: XPENDING page size; the scan resumes from a cursor across passes.
         max_retries: re-queues after owner deaths before an assignment is dead-lettered.
-        dlq_stream: dead-letter stream name; default ``P:{service}:dlq``. It must share
-            the service's hash tag on a cluster.
+        dlq_stream: dead-letter stream name; default ``P:{service}:dlq``. A custom name
+            must hash to the assignment stream's cluster slot, so give it the hash tag
+            ``{service}`` (e.g. ``P:{service}:dead``), and must not be the assignment
+            stream or the lease index. ``StreamConsumer`` checks this in every cluster
+            mode (a standalone deployment may become a cluster later) and raises
+            ``ConfigurationError("dlq_stream", ...)``.
         dlq_maxlen: approximate cap of the dead-letter stream (``MAXLEN ~``); 0 = unbounded.
         lease_check_interval_s: period of the lease sweep that finds expired locks
             without waiting for Redis to expire them (see docs/recovery.md).

@@ -32,6 +32,17 @@ def _default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def _check_client(redis: Any) -> None:
+    get_encoder = getattr(redis, "get_encoder", None)
+    if get_encoder is not None and getattr(get_encoder(), "decode_responses", False):
+        raise ConfigurationError(
+            "redis",
+            "a client made with decode_responses=True cannot read entries holding "
+            "non-UTF-8 bytes: create it with decode_responses=False (the default); "
+            "streamjobs decodes what it hands to handle() itself",
+        )
+
+
 def _check_cluster_mode(redis: Any, cluster_mode: ClusterMode) -> None:
     if not isinstance(cluster_mode, ClusterMode):
         raise ConfigurationError("cluster_mode", "must be a ClusterMode")
@@ -79,8 +90,11 @@ class StreamConsumer(abc.ABC):
         config = config or ConsumerConfig()
         recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
         recovery.check_against(config)
+        _check_client(redis)
         _check_cluster_mode(redis, cluster_mode)
         keys = Keys(service, config.key_prefix)
+        if recovery.dlq_stream is not None:
+            keys.check_dlq_name(recovery.dlq_stream)
         name = consumer_name or _default_consumer_name()
         if not name or any(c.isspace() for c in name):
             raise ConfigurationError("consumer_name", "must be non-empty, without whitespace")

@@ -16,6 +16,7 @@ translated at one boundary (``streamjobs._redis``) and chained with
     │   ├── WrongKeyType          WRONGTYPE: a key holds another kind of value
     │   └── ScriptError           a streamjobs Lua script raised an error
     ├── ClusterNotSettled         reset_topology() found the cluster mid-change
+    ├── HandlerTimeout            handle() ran past ConsumerConfig.handler_timeout_s
     └── HandlerDirective          raised by handle() to steer what happens to an entry
         ├── Retry                 retry this entry after delay_s
         └── DeadLetter            send this entry to the dead-letter stream now
@@ -81,6 +82,11 @@ class ScriptError(RedisCommandError):
 
 class ClusterNotSettled(StreamJobsError):
     """The cluster is failing over or resharding; nothing was changed."""
+
+
+class HandlerTimeout(StreamJobsError, TimeoutError):
+    """``handle()`` did not return within ``handler_timeout_s``; the call was cancelled
+    and counts as a failed attempt (retried, then dead-lettered)."""
 
 
 class HandlerDirective(StreamJobsError):

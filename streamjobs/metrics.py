@@ -28,6 +28,8 @@ class StreamEvent(enum.Enum):
     """Shutdown re-queued the unfinished stream for another consumer."""
     CONTENDED = "contended"
     """The lock was held by someone else when the assignment arrived."""
+    VANISHED = "vanished"
+    """The data stream was deleted or expired while owned; its assignment was completed."""
 
 
 class RequeueOutcome(enum.Enum):

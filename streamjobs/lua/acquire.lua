@@ -5,9 +5,11 @@
 -- ARGV[2]  lock TTL, milliseconds
 -- ARGV[3]  consumer group name
 -- Returns 1 if the lock was taken, 0 if someone else holds it.
--- Idempotent: a client retry of a call whose reply was lost finds its own token.
+-- Idempotent: a client retry of a call whose reply was lost finds its own token, and
+-- refreshes the TTL, since the caller measures its local lease from the retry.
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 if holder or not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -15,9 +17,14 @@ if holder or not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 -- Group at id 0 with MKSTREAM: entries appended before the first owner must not be
 -- skipped, and the stream may not exist yet. BUSYGROUP (group exists) is expected.
+-- Any other error (WRONGTYPE: the key is not a stream) is returned after the lock
+-- is given up: the only write so far.
 local ok = redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[3], '0', 'MKSTREAM')
 if type(ok) == 'table' and ok.err and not string.find(ok.err, 'BUSYGROUP', 1, true) then
   redis.call('DEL', KEYS[1])
   return redis.error_reply(ok.err)
 end
+-- A new job for a stream name that finished recently: the retention TTL set then
+-- must not expire the new job's entries.
+redis.call('PERSIST', KEYS[2])
 return 1

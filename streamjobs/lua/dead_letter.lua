@@ -1,4 +1,8 @@
 -- dead_letter.lua: atomically move a pending assignment to the dead-letter stream.
+-- Redis does not roll a script back, so everything that can fail is checked before
+-- the first write (ZREM, then XACK): the dead-letter key's type, the entry's read, and
+-- the size of the copy. An entry too large to copy field by field is carried whole in
+-- one JSON field (docs/design.md#wire-format).
 -- KEYS[1]  assignment stream (LBS)
 -- KEYS[2]  dead-letter stream (same slot)
 -- KEYS[3]  lease index (same slot)
@@ -6,29 +10,48 @@
 -- ARGV[2]  assignment entry id (also its lease member)
 -- ARGV[3]  dead-letter MAXLEN (approximate; 0 = unbounded)
 -- ARGV[4]  name of the field that receives the server time, milliseconds
--- ARGV[5..] metadata field/value pairs; they replace original fields of the same name
+-- ARGV[5]  name of the field that carries the original fields as JSON when needed
+-- ARGV[6]  the most field names and values one XADD may carry
+-- ARGV[7..] metadata field/value pairs; they replace original fields of the same name
 -- Returns {dlq_entry_id, entries_trimmed}, or false if the entry was not pending.
-redis.call('ZREM', KEYS[3], ARGV[2])
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return false
+-- Fails with 'WRONGTYPE ...', writing nothing, if KEYS[2] holds something else than a
+-- stream.
+local kind = redis.call('TYPE', KEYS[2])['ok']
+if kind ~= 'stream' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE the dead-letter stream ' .. KEYS[2] .. ' holds a ' ..
+    kind .. ', not a stream')
 end
 local meta = {[ARGV[4]] = true}
-for i = 5, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   meta[ARGV[i]] = true
 end
-local out = {}
+-- The original fields that the metadata does not replace.
+local carry = {}
+local carrier_taken = false
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 if #found > 0 then
   local src = found[1][2]
   for i = 1, #src, 2 do
     if not meta[src[i]] then
-      out[#out + 1] = src[i]
-      out[#out + 1] = src[i + 1]
+      carry[#carry + 1] = src[i]
+      carry[#carry + 1] = src[i + 1]
+      carrier_taken = carrier_taken or src[i] == ARGV[5]
     end
   end
 end
-for i = 5, #ARGV do
+local out = {}
+if carrier_taken or #carry + (#ARGV - 6) + 2 > tonumber(ARGV[6]) then
+  out[1] = ARGV[5]
+  out[2] = cjson.encode(carry)
+else
+  out = carry
+end
+for i = 7, #ARGV do
   out[#out + 1] = ARGV[i]
+end
+redis.call('ZREM', KEYS[3], ARGV[2])
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return false
 end
 local t = redis.call('TIME')
 out[#out + 1] = ARGV[4]

@@ -2,13 +2,46 @@
 -- The data stream lives in another slot than the DLQ, so this cannot be atomic with
 -- the entry's ack: the caller appends here first and acks (fenced) afterwards, so a
 -- crash in between leaves a duplicate dead letter, never a lost entry.
+-- Its one write is the XADD, so everything that could make it fail is checked first:
+-- the key's type, and the size (an entry too large to copy field by field is carried
+-- whole in one JSON field: docs/design.md#wire-format).
 -- KEYS[1]  dead-letter stream
 -- ARGV[1]  dead-letter MAXLEN (approximate; 0 = unbounded)
 -- ARGV[2]  name of the field that receives the server time, milliseconds
--- ARGV[3..] field/value pairs
+-- ARGV[3]  name of the field that carries the original fields as JSON when needed
+-- ARGV[4]  the most field names and values one XADD may carry
+-- ARGV[5]  m, the number of metadata names and values that follow
+-- ARGV[6..5+m]  metadata field/value pairs
+-- ARGV[6+m..]   the original entry's field/value pairs (none named like the metadata)
 -- Returns {dlq_entry_id, entries_trimmed}.
+-- Fails with 'WRONGTYPE ...', writing nothing, if KEYS[1] holds something else than a
+-- stream.
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'stream' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE the dead-letter stream ' .. KEYS[1] .. ' holds a ' ..
+    kind .. ', not a stream')
+end
+local first = 6 + tonumber(ARGV[5])
+local carrier_taken = false
+for i = first, #ARGV, 2 do
+  if ARGV[i] == ARGV[3] then
+    carrier_taken = true
+  end
+end
 local out = {}
-for i = 3, #ARGV do
+if carrier_taken or #ARGV - 5 + 2 > tonumber(ARGV[4]) then
+  local carry = {}
+  for i = first, #ARGV do
+    carry[#carry + 1] = ARGV[i]
+  end
+  out[1] = ARGV[3]
+  out[2] = cjson.encode(carry)
+else
+  for i = first, #ARGV do
+    out[#out + 1] = ARGV[i]
+  end
+end
+for i = 6, first - 1 do
   out[#out + 1] = ARGV[i]
 end
 local t = redis.call('TIME')

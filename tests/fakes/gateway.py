@@ -155,6 +155,7 @@ class Gate:
 class _Fault:
     times: int
     after: bool
+    error: Exception | None = None
 
 
 @dataclass
@@ -228,6 +229,8 @@ class FakeGateway:
         self._data_changed = _Signal()
         self._gates: dict[str, Gate] = {}
         self._faults: dict[str, _Fault] = {}
+        self.unreachable: set[str] = set()
+        """Streams whose lock's node does not answer heartbeats (``extend_many``)."""
 
     # -- test controls ---------------------------------------------------------------
 
@@ -242,13 +245,21 @@ class FakeGateway:
         self._gates[method] = gate
         return gate
 
-    def fail(self, method: str, times: int = 1, *, after: bool = False) -> None:
-        """Make the next ``times`` calls of ``method`` raise ``RedisUnavailable``.
+    def fail(
+        self,
+        method: str,
+        times: int = 1,
+        *,
+        after: bool = False,
+        error: Exception | None = None,
+    ) -> None:
+        """Make the next ``times`` calls of ``method`` raise ``RedisUnavailable``, or
+        ``error`` (say, a raw ``AttributeError`` from inside a client).
 
         ``after=True``: the call takes effect first, then raises (a lost reply).
         """
         self._check_method(method)
-        self._faults[method] = _Fault(times, after)
+        self._faults[method] = _Fault(times, after, error)
 
     def calls_of(self, method: str) -> list[tuple[Any, ...]]:
         """The arguments of every call of ``method`` so far."""
@@ -527,12 +538,15 @@ class FakeGateway:
     # -- the protocol: locks and data streams ------------------------------------------
 
     async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool:
-        """acquire.lua: our token -> 1 (TTL untouched); held -> 0; else lock + group at 0."""
+        """acquire.lua: our token -> 1 (TTL refreshed); held -> 0; else lock + group at 0,
+        and the data stream's retention TTL cleared."""
         await self._enter("acquire", stream, token, ttl_ms)
         key = self.keys.lock(stream)
         lock = self._live_lock(key)
         if lock is not None:
             taken = lock.token == token
+            if taken:
+                lock.expires_at_ms = self.clock() + ttl_ms
         else:
             self._locks[key] = _Lock(token, self.clock() + ttl_ms)
             s = self._data_stream(stream)
@@ -540,15 +554,20 @@ class FakeGateway:
                 s = self._data[stream] = _Stream()
             if s.group is None:
                 s.group = _Group()
+            s.expires_at_ms = None
             taken = True
         await self._leave("acquire")
         return taken
 
-    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
-        """extend.lua per lock: PEXPIRE only if the token matches; never re-create."""
+    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:
+        """extend.lua per lock: PEXPIRE only if the token matches; never re-create.
+        A stream in ``unreachable`` answers None (its cluster node is away)."""
         await self._enter("extend_many", tuple(locks), ttl_ms)
-        out = []
+        out: list[bool | None] = []
         for stream, token in locks:
+            if stream in self.unreachable:
+                out.append(None)
+                continue
             lock = self._live_lock(self.keys.lock(stream))
             if lock is not None and lock.token == token:
                 lock.expires_at_ms = self.clock() + ttl_ms
@@ -671,7 +690,7 @@ class FakeGateway:
         fault = self._faults.get(method)
         if fault is not None and not fault.after and fault.times > 0:
             fault.times -= 1
-            raise RedisUnavailable(f"fake: {method} failed before running")
+            raise fault.error or RedisUnavailable(f"fake: {method} failed before running")
         gate = self._gates.get(method)
         if gate is not None and not gate.after:
             await gate.pass_through()
@@ -681,7 +700,7 @@ class FakeGateway:
         fault = self._faults.get(method)
         if fault is not None and fault.after and fault.times > 0:
             fault.times -= 1
-            raise RedisUnavailable(f"fake: {method} ran but its reply was lost")
+            raise fault.error or RedisUnavailable(f"fake: {method} ran but its reply was lost")
         gate = self._gates.get(method)
         if gate is not None and gate.after:
             await gate.pass_through()

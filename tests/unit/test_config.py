@@ -3,8 +3,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
-from streamjobs import ConfigurationError, ConsumerConfig, RecoveryConfig
+from streamjobs import (
+    ClusterMode,
+    ConfigurationError,
+    ConsumerConfig,
+    Message,
+    RecoveryConfig,
+    StreamConsumer,
+)
 
 CONSUMER_BAD: list[tuple[str, Any]] = [
     ("lock_ttl_s", 0),
@@ -80,3 +89,41 @@ def test_configs_are_frozen_and_keyword_only() -> None:
         cfg.lock_ttl_s = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         ConsumerConfig(10)  # type: ignore[call-arg]
+
+
+class _Consumer(StreamConsumer):
+    async def handle(self, message: Message) -> None:
+        pass
+
+
+def _client_for(mode: ClusterMode) -> Any:
+    """A client that goes with ``mode``; constructing it does no I/O."""
+    return RedisCluster(host="127.0.0.1", port=1) if mode is ClusterMode.OSS else Redis()
+
+
+@pytest.mark.parametrize("mode", list(ClusterMode))
+def test_a_dlq_stream_outside_the_services_slot_is_rejected_in_every_cluster_mode(
+    mode: ClusterMode,
+) -> None:
+    """A standalone deployment may become a cluster later: the rule holds everywhere."""
+    client = _client_for(mode)
+    with pytest.raises(ConfigurationError) as info:
+        _Consumer(
+            client, service="svc", cluster_mode=mode, recovery=RecoveryConfig(dlq_stream="dlq")
+        )
+    assert info.value.field == "dlq_stream"
+    assert "{svc}" in info.value.rule
+    ok = _Consumer(
+        client,
+        service="svc",
+        cluster_mode=mode,
+        recovery=RecoveryConfig(dlq_stream="app:{svc}:dead"),
+    )
+    assert ok.service == "svc"
+    with pytest.raises(ConfigurationError, match="dlq_stream"):
+        _Consumer(
+            client,
+            service="svc",
+            cluster_mode=mode,
+            recovery=RecoveryConfig(dlq_stream="streamjobs:{svc}:lbs"),
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,9 +11,12 @@ from streamjobs import DeadLetterReason
 from streamjobs._deadletter import (
     DEAD_AT_FIELD,
     ERROR_MAX_CHARS,
+    FIELDS_JSON_FIELD,
     META_FIELDS,
+    Pairs,
     assignment_meta,
     entry_dead_letter,
+    flatten,
     parse_dead_letter,
 )
 from streamjobs._wire import RETRY_FIELD
@@ -90,3 +95,90 @@ def test_parsing_never_raises(fields: dict[str, str]) -> None:
     record = parse_dead_letter("1-0", fields)
     assert record.reason is None or isinstance(record.reason, DeadLetterReason)
     assert record.retry_count >= 0
+
+
+# -- the JSON form of an oversized entry (docs/design.md#wire-format) ----------------------
+
+any_names = st.one_of(field_names, st.sampled_from([*META_FIELDS, FIELDS_JSON_FIELD]))
+
+
+def json_form(letter: Pairs) -> dict[str, str]:
+    """``letter`` as the scripts write it past the size limit: the metadata as fields,
+    the original fields in one JSON array."""
+    meta = [(k, v) for k, v in letter if k in META_FIELDS]
+    original = [(k, v) for k, v in letter if k not in META_FIELDS]
+    return {**dict(meta), FIELDS_JSON_FIELD: json.dumps(flatten(original))}
+
+
+@given(st.dictionaries(field_names, values, min_size=1, max_size=8), st.integers(1, 9))
+def test_both_forms_of_a_data_entry_dead_letter_parse_the_same(
+    fields: dict[str, str], attempts: int
+) -> None:
+    letter = entry_dead_letter(
+        fields, stream="s", entry_id="1-1", retry_count=1, attempts=attempts, owner="c", error="e"
+    )
+    by_field = parse_dead_letter("9-0", {**dict(letter), DEAD_AT_FIELD: "5"})
+    carried = parse_dead_letter("9-0", {**json_form(letter), DEAD_AT_FIELD: "5"})
+    assert carried == by_field
+    assert carried.fields == {k: v for k, v in fields.items() if k not in META_FIELDS}
+
+
+@given(st.lists(st.tuples(any_names, values), max_size=10))
+def test_json_carried_fields_parse_back_in_order_without_metadata(
+    pairs: list[tuple[str, str]],
+) -> None:
+    """Whatever the original names (metadata names, ``_fields_json`` itself, repeats),
+    the carried fields read back as the field-by-field decoding would: later repeats
+    win and metadata names are not original fields."""
+    meta = assignment_meta(
+        DeadLetterReason.TOO_LARGE,
+        retry_count=3,
+        assignment_stream="P:{s}:lbs",
+        assignment_id="1-0",
+        owner="c",
+    )
+    letter = {**dict(meta), FIELDS_JSON_FIELD: json.dumps(flatten(pairs))}
+    record = parse_dead_letter("2-0", letter)
+    assert record.reason is DeadLetterReason.TOO_LARGE
+    assert (record.retry_count, record.owner, record.source_id) == (3, "c", "1-0")
+    expected = {k: v for k, v in pairs if k not in META_FIELDS}
+    assert list(record.fields.items()) == list(expected.items())
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | values,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(values, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(
+    st.one_of(values, json_values.map(json.dumps)),
+    st.dictionaries(st.sampled_from([*META_FIELDS, "n"]), values, max_size=4),
+)
+def test_parsing_never_raises_on_any_carrier(carrier: str, others: dict[str, str]) -> None:
+    """A ``_fields_json`` that is not a JSON array of an even number of strings is an
+    ordinary field; one that is, is read as the carried fields."""
+    record = parse_dead_letter("1-0", {**others, FIELDS_JSON_FIELD: carrier})
+    try:
+        decoded = json.loads(carrier)
+    except ValueError:
+        decoded = None
+    is_form = decoded == {} or (
+        isinstance(decoded, list)
+        and len(decoded) % 2 == 0
+        and all(isinstance(x, str) for x in decoded)
+    )
+    expected = {FIELDS_JSON_FIELD: carrier}
+    if is_form:
+        pairs = zip(decoded[::2], decoded[1::2], strict=True) if decoded else ()
+        expected = {k: v for k, v in pairs if k not in META_FIELDS}
+    if "n" in others:
+        expected["n"] = others["n"]  # a field beside the carrier is kept
+    assert record.fields == expected
+
+
+def test_a_carrier_nested_too_deep_for_the_json_parser_is_an_ordinary_field() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    record = parse_dead_letter("1-0", {FIELDS_JSON_FIELD: deep})
+    assert record.fields == {FIELDS_JSON_FIELD: deep}

@@ -74,3 +74,54 @@ def test_bad_service_or_prefix(field: str, value: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         Keys(**kwargs)
     assert info.value.field == field
+
+
+# -- a custom dead-letter stream name (RecoveryConfig.dlq_stream) ----------------------------
+
+
+@given(names)
+def test_a_dlq_name_is_accepted_exactly_when_it_shares_the_assignment_streams_slot(
+    name: str,
+) -> None:
+    bad = (
+        not name
+        or _not_utf8(name)
+        or name in (KEYS.assignments, KEYS.leases)
+        or slot(name) != slot(KEYS.assignments)
+    )
+    if bad:
+        with pytest.raises(ConfigurationError) as info:
+            KEYS.check_dlq_name(name)
+        assert info.value.field == "dlq_stream"
+    else:
+        KEYS.check_dlq_name(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["streamjobs:{svc}:dlq", "streamjobs:{svc}:dead", "{svc}", "other:{svc}:x{y}"]
+)
+def test_a_dlq_name_with_the_service_tag_is_accepted(name: str) -> None:
+    KEYS.check_dlq_name(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["dead-letters", "streamjobs:svc:dlq", "x:{y}{svc}", "{svc", "{}{svc}"]
+)
+def test_a_dlq_name_in_another_slot_is_rejected_with_the_rule(name: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        KEYS.check_dlq_name(name)
+    assert info.value.field == "dlq_stream"
+    assert "{svc}" in info.value.rule
+    assert "slot" in info.value.rule
+
+
+def test_a_dlq_name_in_the_same_slot_by_chance_is_accepted() -> None:
+    target = slot(KEYS.assignments)
+    name = next(n for n in (f"dlq-{i}" for i in range(200_000)) if slot(n) == target)
+    KEYS.check_dlq_name(name)
+
+
+@pytest.mark.parametrize("name", [KEYS.assignments, KEYS.leases])
+def test_the_dlq_cannot_be_the_assignment_stream_or_the_lease_index(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="dlq_stream"):
+        KEYS.check_dlq_name(name)

@@ -1,0 +1,309 @@
+"""Defects found by users trying bad input, odd server states and client faults.
+
+Driven through ``Runtime`` over the in-memory gateway (no Redis); the Redis side of
+each case is in tests/integration/test_hardening_redis.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import anyio
+import pytest
+
+from streamjobs import (
+    DeadLetterReason,
+    InvalidAssignment,
+    InvalidStreamName,
+    Message,
+    NoSuchGroup,
+    RedisUnavailable,
+    WrongKeyType,
+)
+from streamjobs._deadletter import parse_dead_letter
+from streamjobs._keys import Keys
+from streamjobs._redis import UnexpectedClientError, translated
+from streamjobs._wire import RETRY_FIELD, parse_assignment
+from streamjobs.metrics import StreamEvent
+from tests.fakes.gateway import FakeGateway, ManualClock
+from tests.fakes.runtime import (
+    FAST,
+    RecordingHooks,
+    RecordingMetrics,
+    eventually,
+    make_runtime,
+    running,
+)
+
+pytestmark = pytest.mark.anyio
+
+TEST_TIMEOUT_S = 15.0
+
+
+@pytest.fixture
+def fake() -> FakeGateway:
+    return FakeGateway(clock=ManualClock())
+
+
+def assert_nothing_held(fake: FakeGateway) -> None:
+    assert fake.locks == {}, "a lock was left behind"
+    assert fake.leases == {}, "a lease was left behind"
+    assert fake.lbs_pending == {}, "an assignment is still pending"
+
+
+# -- parsing never raises anything but InvalidAssignment ------------------------------
+
+
+def test_deeply_nested_json_is_unparseable_not_a_crash() -> None:
+    with pytest.raises(InvalidAssignment, match="RecursionError"):
+        parse_assignment("1-0", {"stream": "s", "info": "[" * 100_000})
+
+
+def test_names_under_the_key_prefix_are_reserved() -> None:
+    keys = Keys("svc")
+    for name in (keys.assignments, keys.dead_letters, keys.leases, keys.lock("x"), "streamjobs:"):
+        with pytest.raises(InvalidStreamName, match="reserved"):
+            keys.check_data_stream(name)
+        with pytest.raises(InvalidAssignment, match="reserved"):
+            parse_assignment("1-0", {"stream": name}, keys)
+    keys.check_data_stream("streamjobs-like:but:not:ours")
+
+
+async def test_the_boundary_turns_a_client_internal_error_into_a_transient_failure() -> None:
+    @translated
+    async def command() -> None:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    with pytest.raises(UnexpectedClientError) as caught:
+        await command()
+    assert isinstance(caught.value, RedisUnavailable)
+    assert isinstance(caught.value.__cause__, AttributeError)
+
+
+# -- loops survive anything ------------------------------------------------------------
+
+
+async def test_unexpected_errors_in_every_loop_do_not_end_run(fake: FakeGateway) -> None:
+    boom = AttributeError("'NoneType' object has no attribute 'writelines'")
+    fake.fail("read_assignments", times=2, error=boom)
+    fake.fail("fenced_read", times=1, error=boom)
+    fake.fail("extend_many", times=2, error=boom)
+    fake.fail("record_leases", times=2, error=boom)
+    fake.add_assignment("s1")
+    ids = fake.append_many("s1", 3)
+    fake.close("s1")
+    hooks = RecordingHooks()
+    runtime = make_runtime(fake, hooks)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime) as run:
+            await eventually(lambda: hooks.ended == ["s1"], "s1 to finish")
+            assert not run.done.is_set(), "run() ended"
+            assert runtime.running
+    assert hooks.handled_ids() == ids
+    assert_nothing_held(fake)
+
+
+# -- one consumer, two acquisitions of one stream ---------------------------------------
+
+
+async def test_a_stalled_consumer_that_retakes_its_own_stream_keeps_both_straight(
+    fake: FakeGateway,
+) -> None:
+    first = fake.add_assignment("s1")
+    ids = fake.append_many("s1", 3)
+    fake.close("s1")
+    release = anyio.Event()
+    calls = 0
+
+    async def stall_once(message: Message) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await release.wait()
+
+    hooks = RecordingHooks(stall_once)
+    # A heartbeat too slow to notice the expiry by itself: the stall outlives the lock.
+    config = dataclasses.replace(FAST, lock_ttl_s=100, heartbeat_interval_s=40)
+    runtime = make_runtime(fake, hooks, config=config)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await eventually(lambda: calls == 1, "the first call to stall")
+            fake.expire_lock("s1")
+            assert await fake.requeue(first, 1) is not None  # what a recoverer does
+            await eventually(lambda: hooks.ended == ["s1"], "the second acquisition to finish")
+            release.set()
+            await eventually(lambda: hooks.lost == ["s1"], "the first one to be told")
+            await eventually(lambda: not runtime.owned, "both to settle")
+    assert [m.id for m in hooks.handled] == [*ids, ids[0]]  # the stalled call came last
+    assert_nothing_held(fake)
+    assert fake.lbs_entries == []
+
+
+# -- a data stream deleted, or of the wrong type ---------------------------------------
+
+
+async def test_a_stream_that_vanishes_while_owned_completes_its_assignment(
+    fake: FakeGateway,
+) -> None:
+    fake.add_assignment("s1")
+    fake.append_many("s1", 2)
+    hooks = RecordingHooks()
+    metrics = RecordingMetrics()
+    runtime = make_runtime(fake, hooks, metrics=metrics)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await eventually(lambda: len(hooks.handled) == 2, "the entries")
+            fake.fail("fenced_read", times=1_000_000, error=NoSuchGroup("NOGROUP No such key"))
+            fake.append("s1", {"n": "late"})  # wakes the idle wait
+            await eventually(lambda: hooks.ended == ["s1"], "the assignment to complete")
+            assert runtime.owned_streams() == frozenset()
+    assert StreamEvent.VANISHED in metrics.events
+    assert StreamEvent.LOST not in metrics.events
+    assert_nothing_held(fake)
+    assert fake.lbs_entries == []
+
+
+async def test_a_data_stream_of_the_wrong_type_dead_letters_its_assignment(
+    fake: FakeGateway,
+) -> None:
+    assignment = fake.add_assignment("s1", None, extra="kept")
+    fake.fail("acquire", times=1_000_000, error=WrongKeyType("WRONGTYPE Operation against a key"))
+    hooks = RecordingHooks()
+    runtime = make_runtime(fake, hooks)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await eventually(lambda: len(fake.dead_letters) == 1, "a dead letter")
+    [(dlq_id, fields)] = fake.dead_letters
+    record = parse_dead_letter(dlq_id, fields)
+    assert record.reason is DeadLetterReason.UNUSABLE_STREAM
+    assert record.source_id == assignment
+    assert "WRONGTYPE" in record.error
+    assert record.fields.get("extra") == "kept"
+    assert len(fake.calls_of("acquire")) == 1, "a permanent error was retried"
+    assert_nothing_held(fake)
+    assert fake.lbs_entries == []
+
+
+# -- finish(), heartbeats and finishing ------------------------------------------------
+
+
+async def test_finish_ends_a_stream_that_is_waiting_for_entries(fake: FakeGateway) -> None:
+    fake.add_assignment("s1")
+    ids = fake.append_many("s1", 2)
+    hooks = RecordingHooks()
+    config = dataclasses.replace(FAST, read_block_ms=3_000)  # idle waits of 3 s
+    runtime = make_runtime(fake, hooks, config=config)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await eventually(lambda: len(hooks.handled) == 2, "the entries")
+            await eventually(lambda: bool(fake.calls_of("wait_for_entries")), "the idle wait")
+            runtime.finish("s1")
+            await eventually(lambda: hooks.ended == ["s1"], "finish()", timeout_s=1)
+    assert fake.data_acked("s1") == ids
+    assert_nothing_held(fake)
+
+
+async def test_a_heartbeat_racing_a_finish_does_not_report_a_loss(fake: FakeGateway) -> None:
+    fake.add_assignment("s1")
+    fake.append_many("s1", 1)
+    fake.close("s1")
+    gate = fake.gate("extend_many")  # the heartbeat has its list, its extend waits
+    may_go_on = anyio.Event()
+
+    async def until_heartbeat(message: Message) -> None:
+        await may_go_on.wait()
+
+    hooks = RecordingHooks(until_heartbeat)
+    metrics = RecordingMetrics()
+    runtime = make_runtime(fake, hooks, metrics=metrics)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await gate.entered.wait()
+            may_go_on.set()
+            await eventually(lambda: hooks.ended == ["s1"], "s1 to finish")
+            gate.release()  # the extend now finds the lock released by the finish
+            await eventually(lambda: len(fake.calls_of("record_leases")) >= 2, "the heartbeat")
+    assert hooks.lost == []
+    assert StreamEvent.LOST not in metrics.events
+
+
+async def test_a_hung_handler_times_out_and_counts_as_a_failed_attempt(
+    fake: FakeGateway,
+) -> None:
+    fake.add_assignment("s1")
+    ids = fake.append_many("s1", 3)
+    fake.close("s1")
+
+    async def hang_on_the_second(message: Message) -> None:
+        if message.id == ids[1]:
+            await anyio.sleep_forever()
+
+    hooks = RecordingHooks(hang_on_the_second)
+    config = dataclasses.replace(FAST, handler_timeout_s=0.05, max_handler_attempts=2)
+    runtime = make_runtime(fake, hooks, config=config)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await eventually(lambda: hooks.ended == ["s1"], "s1 to finish")
+    assert hooks.handled_ids() == [ids[0], ids[2]]
+    assert [a for e, a in hooks.attempts() if e == ids[1]] == [1, 2]
+    [(dlq_id, fields)] = fake.dead_letters
+    record = parse_dead_letter(dlq_id, fields)
+    assert record.error.startswith("HandlerTimeout: ")
+    assert record.attempts == 2
+
+
+# -- shutdown and intake ---------------------------------------------------------------
+
+
+async def test_shutdown_hands_back_what_an_answered_intake_read_delivered(
+    fake: FakeGateway,
+) -> None:
+    hooks = RecordingHooks()
+    runtime = make_runtime(fake, hooks)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime) as run:
+            await eventually(lambda: bool(fake.calls_of("read_assignments")), "an intake read")
+            gate = fake.gate("read_assignments", after=True)  # delivered, reply held
+            assignment = fake.add_assignment("s1", {"k": 1})
+            await gate.entered.wait()
+            assert fake.lbs_pending == {assignment: "c1"}
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(runtime.aclose)
+                await anyio.sleep(0.05)  # let shutdown begin while the reply is held
+                gate.release()
+            await run.wait_done()
+    assert hooks.handled == []
+    assert fake.lbs_pending == {}, "a delivered assignment was left pending"
+    [(_, fields)] = fake.lbs_entries
+    assert json.loads(str(fields["info"])) == {"k": 1}
+    assert RETRY_FIELD not in fields, "handing back counted a retry"
+    assert fake.locks == {}
+
+
+async def test_a_heartbeat_succeeds_in_part_when_one_node_is_away(fake: FakeGateway) -> None:
+    fake.add_assignment("s1")
+    fake.add_assignment("s2")
+    fake.append("s1", {"n": "0"})
+    fake.append("s2", {"n": "0"})
+    hooks = RecordingHooks()
+    metrics = RecordingMetrics()
+    runtime = make_runtime(fake, hooks, metrics=metrics)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await eventually(lambda: len(hooks.handled) == 2, "one entry of each")
+            fake.unreachable.add("s1")  # the primary holding s1's lock fails over
+            heartbeats = len(fake.calls_of("extend_many"))
+            # Past one lock TTL (1 s), s2's lease lives on through partial heartbeats,
+            # while s1's lapses: its entries wait, and it is not reported lost.
+            await eventually(
+                lambda: len(fake.calls_of("extend_many")) >= heartbeats + 4, "heartbeats"
+            )
+            fake.append("s1", {"n": "1"})
+            fake.append("s2", {"n": "1"})
+            await eventually(lambda: len(hooks.handled_ids("s2")) == 2, "s2 to go on")
+            assert hooks.handled_ids("s1") == [hooks.handled[0].id]
+            fake.unreachable.clear()  # the failover is over
+            await eventually(lambda: len(hooks.handled_ids("s1")) == 2, "s1 to resume")
+    assert hooks.lost == []
+    assert StreamEvent.LOST not in metrics.events
