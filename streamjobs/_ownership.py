@@ -138,7 +138,7 @@ class Host(Protocol):
 
 class Outcome(enum.Enum):
     FINISHED = "finished"
-    DEAD_LETTERED = "dead_lettered"  # the assignment itself: its stream is unusable
+    SETTLED = "settled"  # dead-lettered, or re-queued with a retry: nothing left to do
     LOST = "lost"
     STOPPED = "stopped"  # shutdown, cancellation, or a lock held by someone else
 
@@ -163,6 +163,7 @@ class OwnedStream:
         self._eos: list[str] = []
         self._completed = False  # a finish call of ours deleted the assignment
         self.unusable: Exception | None = None  # a permanent error about the data stream
+        self.contended = False  # its lock stayed someone else's for a heartbeat interval
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
@@ -229,6 +230,8 @@ class OwnedStream:
                     outcome = await self._process()
                 elif self.unusable is not None:
                     outcome = await self._dead_letter_assignment(self.unusable)
+                elif self.contended:
+                    outcome = await self._give_back_contended()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._settle(outcome)
@@ -264,6 +267,7 @@ class OwnedStream:
                 log_failure(log, f"stream {self.stream!r}: acquire", exc, 0.0)
             if time.monotonic() >= give_up_at:
                 host.metrics.stream_event(host.service, StreamEvent.CONTENDED)
+                self.contended = True
                 return False
             # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
             await anyio.sleep(backoff.next_delay())
@@ -543,7 +547,40 @@ class OwnedStream:
                 if not await self._pause(delay):
                     return Outcome.LOST if self.lost else Outcome.STOPPED
         host.disown(self)
-        return Outcome.DEAD_LETTERED
+        return Outcome.SETTLED
+
+    async def _give_back_contended(self) -> Outcome:
+        """The lock stayed someone else's for a whole heartbeat interval: most likely a
+        duplicate assignment of a stream another consumer is working on.
+
+        It is re-queued with a retry counted, so one that never gets its lock ends in
+        the dead-letter stream after ``max_retries`` rounds instead of cycling forever.
+        (A graceful hand-back whose unlock trails its re-queue by a moment is absorbed
+        by the acquire loop's own retries and never gets here.)
+        """
+        host = self.host
+        nxt = self.assignment.retry_count + 1
+        try:
+            if nxt > host.recoverer.max_retries:
+                log.warning(
+                    "assignment %s never got the lock of %r: dead-lettering it",
+                    self.assignment.id,
+                    self.stream,
+                )
+                await host.recoverer.dead_letter(
+                    self.assignment.id,
+                    DeadLetterReason.MAX_RETRIES_EXCEEDED,
+                    retry_count=nxt,
+                    owner=host.name,
+                    error="the stream's lock stayed held by another owner "
+                    "(a duplicate assignment?)",
+                )
+            else:
+                await host.gateway.requeue(self.assignment.id, nxt)
+        except Exception as exc:
+            log_failure(log, f"stream {self.stream!r}: giving back a contended assignment", exc, 0)
+            return Outcome.STOPPED  # the plain hand-back then tries, without a count
+        return Outcome.SETTLED
 
     async def _complete(self) -> bool:
         """One attempt at completing: finish the assignment, then release with retention.
@@ -578,7 +615,7 @@ class OwnedStream:
 
     async def _settle(self, outcome: Outcome) -> None:
         """Clean-up after the stream's task ended (shielded): hand back what is unfinished."""
-        if outcome in (Outcome.FINISHED, Outcome.DEAD_LETTERED):
+        if outcome in (Outcome.FINISHED, Outcome.SETTLED):
             return
         self.host.disown(self)
         if self.lost:

@@ -168,6 +168,10 @@ class Recoverer:
             self._metrics.dlq_trimmed(self._service, moved[1])
         return True
 
+    @property
+    def max_retries(self) -> int:
+        return self._max_retries
+
     def _count(self, outcome: RequeueOutcome) -> RequeueOutcome:
         self._metrics.requeue(self._service, outcome)
         return outcome

@@ -49,6 +49,7 @@ class RecoveryLoops:
         consumer: ConsumerConfig,
         cluster_mode: ClusterMode,
         metrics: MetricsRecorder,
+        name: str = "",
         rng: random.Random | None = None,
     ) -> None:
         self._client = client
@@ -58,6 +59,7 @@ class RecoveryLoops:
         self._consumer = consumer
         self._mode = cluster_mode
         self._metrics = metrics
+        self._name = name
         self._rng = rng or random.Random()
         self._service = gateway.keys.service
         self._wake = anyio.Event()
@@ -161,9 +163,24 @@ class RecoveryLoops:
                 await guard.failed(exc, "reconciliation scan")
                 continue
             guard.ok()
+            await self.prune_consumers()
             await anyio.sleep(
                 self._cfg.interval_s * (1 + self._rng.uniform(0, self._cfg.jitter_fraction))
             )
+
+    async def prune_consumers(self) -> list[str]:
+        """Forget consumer names of the assignment group that are gone (every process
+        start adds one). Only names with nothing pending and idle ``min_idle_s`` go, in
+        one script, so a live consumer loses nothing: its next read re-creates it."""
+        try:
+            gone = await self._gw.prune_consumers(round(self._cfg.min_idle_s * 1000), self._name)
+        except Exception as exc:
+            self._metrics.loop_error(self._service, "prune")
+            log_failure(log, "pruning consumer names", exc, 0.0)
+            return []
+        if gone:
+            log.info("forgot %d consumer name(s) no longer in use: %s", len(gone), gone[:10])
+        return gone
 
     # -- keyspace notifications ------------------------------------------------------
 

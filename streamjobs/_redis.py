@@ -228,6 +228,7 @@ class StreamGateway(Protocol):
     ) -> bool: ...
     async def lock_exists(self, stream: str) -> bool: ...
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]: ...
+    async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]: ...
 
 
 class Gateway:
@@ -539,6 +540,14 @@ class Gateway:
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
         r = await self.scripts.sweep(keys=[self.keys.leases], args=[horizon_ms, limit, recheck_ms])
         return [text(m) for m in r]
+
+    @script
+    async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]:
+        """Delete assignment-group consumers with nothing pending, idle ``min_idle_ms``."""
+        r = await self.scripts.prune_consumers(
+            keys=[self.keys.assignments], args=[self.keys.group, min_idle_ms, keep]
+        )
+        return [text(name) for name in r]
 
 
 # -- administrative commands on any client -------------------------------------------

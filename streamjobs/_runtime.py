@@ -32,10 +32,10 @@ from ._guard import LoopGuard, log_failure
 from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
-from ._redis import REDIS_FAILURES, RawFields, StreamGateway
+from ._redis import REDIS_FAILURES, RawFields, StreamGateway, get_config
 from ._wire import parse_assignment
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
-from .exceptions import InvalidAssignment, NoSuchGroup, StreamJobsError
+from .exceptions import ConfigurationError, InvalidAssignment, NoSuchGroup, StreamJobsError
 from .metrics import MetricsRecorder, RequeueOutcome
 
 log = logging.getLogger("streamjobs")
@@ -82,6 +82,7 @@ class Runtime:
             consumer=config,
             cluster_mode=cluster_mode,
             metrics=metrics,
+            name=name,
         )
         self.owned: dict[str, OwnedStream] = {}
         self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back
@@ -173,6 +174,7 @@ class Runtime:
         self._draining = False
         try:
             await self.gateway.ensure_group()
+            await self._check_eviction_policy()
             async with anyio.create_task_group() as tg:
                 await tg.start(self._host_streams)
                 tg.start_soon(self._heartbeat_loop)
@@ -189,6 +191,29 @@ class Runtime:
         finally:
             self.running = False
             self._stopped.set()
+
+    async def _check_eviction_policy(self) -> None:
+        """Warn (or refuse, with ``require_noeviction``) when Redis may evict our keys.
+
+        On a cluster one node answers; managed services that forbid CONFIG are let
+        through with a warning.
+        """
+        if self.client is None:
+            return
+        try:
+            policy = await get_config(self.client, "maxmemory-policy")
+        except REDIS_FAILURES as exc:
+            log.warning("cannot read maxmemory-policy (%s): make sure it is noeviction", exc)
+            return
+        if policy in ("", "noeviction"):
+            return
+        message = (
+            f"is {policy!r}: under memory pressure Redis may evict assignments, locks and "
+            "dead letters, which loses work; set it to 'noeviction'"
+        )
+        if self.config.require_noeviction:
+            raise ConfigurationError("maxmemory-policy", message)
+        log.warning("maxmemory-policy %s", message)
 
     # -- orchestration -----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ field instead (docs/design.md#wire-format). The margin below 8,000 leaves room f
 values already on the stack."""
 
 NAMES = (
+    "add",
     "acquire",
     "extend",
     "read",
@@ -32,6 +33,7 @@ NAMES = (
     "dlq_add",
     "lease",
     "sweep",
+    "prune_consumers",
 )
 
 
@@ -55,3 +57,4 @@ class Scripts:
         self.dlq_add = client.register_script(source("dlq_add"))
         self.lease = client.register_script(source("lease"))
         self.sweep = client.register_script(source("sweep"))
+        self.prune_consumers = client.register_script(source("prune_consumers"))

@@ -83,6 +83,11 @@ def _worker_args(sub: Any) -> None:
     for flag, field, kind, text in (*_CONSUMER_OPTIONS, *_RECOVERY_OPTIONS):
         p.add_argument(flag, dest=field, type=kind, default=None, help=f"{text} ({field})")
     p.add_argument(
+        "--require-noeviction",
+        action="store_true",
+        help="refuse to start unless maxmemory-policy is noeviction (require_noeviction)",
+    )
+    p.add_argument(
         "--no-configure-keyspace",
         action="store_true",
         help="never run CONFIG SET notify-keyspace-events (managed Redis)",
@@ -102,7 +107,9 @@ def build_configs(ns: argparse.Namespace) -> tuple[ConsumerConfig, RecoveryConfi
     Raises:
         ConfigurationError: a value breaks a rule (names the field).
     """
-    consumer = ConsumerConfig(**_given(ns, _CONSUMER_OPTIONS))
+    consumer = ConsumerConfig(
+        **_given(ns, _CONSUMER_OPTIONS), require_noeviction=ns.require_noeviction
+    )
     recovery = _given(ns, _RECOVERY_OPTIONS)
     recovery.setdefault("min_idle_s", default_min_idle_s(consumer.lock_ttl_s))
     return consumer, RecoveryConfig(

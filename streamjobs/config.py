@@ -78,6 +78,10 @@ class ConsumerConfig:
         handler_backoff_s: delay before the second attempt; doubles per attempt.
         handler_backoff_max_s: cap of that delay.
         shutdown_grace_s: time in-flight handlers get to finish on shutdown.
+        require_noeviction: refuse to start (``ConfigurationError`` naming
+            ``maxmemory-policy``) unless the server's ``maxmemory-policy`` is
+            ``noeviction``. Any other policy lets Redis evict assignments and locks
+            under memory pressure, which loses work; by default it is only logged.
         handler_timeout_s: longest a ``handle()`` call may run; past it the call is
             cancelled and counts as a failed attempt (retried with backoff, then
             dead-lettered). None (the default) lets a call run for as long as it takes,
@@ -98,6 +102,7 @@ class ConsumerConfig:
     handler_backoff_max_s: float = 5.0
     shutdown_grace_s: float = 10.0
     handler_timeout_s: float | None = None
+    require_noeviction: bool = False
     finished_stream_ttl_s: float | None = 3600.0
     key_prefix: str = DEFAULT_PREFIX
 
@@ -130,6 +135,8 @@ class ConsumerConfig:
         _non_negative("handler_backoff_s", self.handler_backoff_s)
         _non_negative("handler_backoff_max_s", self.handler_backoff_max_s)
         _non_negative("shutdown_grace_s", self.shutdown_grace_s)
+        if not isinstance(self.require_noeviction, bool):
+            raise ConfigurationError("require_noeviction", "must be a bool")
         if self.handler_timeout_s is not None:
             _positive("handler_timeout_s", self.handler_timeout_s)
         if self.finished_stream_ttl_s is not None:

@@ -62,6 +62,7 @@ METHODS = frozenset(
         "release",
         "lock_exists",
         "sweep_leases",
+        "prune_consumers",
     }
 )
 """Every method of the ``StreamGateway`` protocol (names :meth:`gate` and :meth:`fail` accept)."""
@@ -680,6 +681,13 @@ class FakeGateway:
             self._leases[member] = float(now + recheck_ms)
         await self._leave("sweep_leases")
         return [member for _, member in due]
+
+    async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]:
+        """prune_consumers.lua; the fake keeps no consumer names, so none is pruned
+        (the script is tested against real Redis)."""
+        await self._enter("prune_consumers", min_idle_ms, keep)
+        await self._leave("prune_consumers")
+        return []
 
     # -- internals -------------------------------------------------------------------------
 

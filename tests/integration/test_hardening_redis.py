@@ -208,3 +208,47 @@ async def test_keyspace_flags_come_back_after_a_restart_without_persistence(
             await eventually(set_, timeout_s=20)
     finally:
         await client.aclose()
+
+
+async def test_an_evicting_server_is_refused_when_asked(
+    redis_server_factory: RedisServerFactory, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = redis_server_factory(extra_args=["--maxmemory-policy", "allkeys-lru"])
+    client = AsyncRedis.from_url(server.url)
+    try:
+        strict = Recorder(
+            client,
+            service=service,
+            config=ConsumerConfig(require_noeviction=True),
+        )
+        with pytest.raises(ConfigurationError, match="allkeys-lru") as caught:
+            await strict.run()
+        assert caught.value.field == "maxmemory-policy"
+        lenient = Recorder(client, service=service, config=FAST, recovery=RECOVERY)
+        async with lenient:
+            pass
+        assert "maxmemory-policy is 'allkeys-lru'" in caplog.text
+    finally:
+        await client.aclose()
+
+
+async def test_consumer_names_that_are_gone_are_pruned_and_live_ones_kept(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    await gw.ensure_group()
+    stream = f"data:{uid}"
+    await Producer(redis, service=service).add_stream(stream)
+    await redis.xreadgroup(service, "holds-work", {keys.assignments: ">"}, count=1)
+    for name in ("dead-1", "dead-2", "me"):
+        await redis.xgroup_createconsumer(keys.assignments, service, name)
+
+    async def names() -> set[str]:
+        return {c["name"].decode() for c in await redis.xinfo_consumers(keys.assignments, service)}
+
+    assert await gw.prune_consumers(60_000, "me") == []  # nobody idle for a minute yet
+    pruned = await gw.prune_consumers(0, "me")
+    assert sorted(pruned) == ["dead-1", "dead-2"]
+    assert await names() == {"holds-work", "me"}  # pending work and ourselves stay
+    assert (await redis.xpending(keys.assignments, service))["pending"] == 1

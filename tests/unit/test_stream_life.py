@@ -274,7 +274,7 @@ async def test_lock_taken_over_by_another_consumer_stops_it_and_leaves_the_new_l
     assert fake.lock_token("s1") == "someone-else", "the loser touched the new owner's lock"
 
 
-async def test_lock_held_elsewhere_at_acquire_hands_the_assignment_back_uncounted(
+async def test_lock_held_elsewhere_at_acquire_hands_the_assignment_back_counted(
     fake: FakeGateway,
 ) -> None:
     assignment = fake.add_assignment("s1", {"a": 1}, **{RETRY_FIELD: "1"})
@@ -285,9 +285,10 @@ async def test_lock_held_elsewhere_at_acquire_hands_the_assignment_back_uncounte
     metrics = RecordingMetrics()
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with running(make_runtime(fake, hooks, metrics=metrics)):
-            # After one heartbeat interval of retries it re-queues the assignment.
+            # After one heartbeat interval of retries it re-queues the assignment, with a
+            # retry counted: an assignment that never gets its lock must not cycle forever.
             await eventually(lambda: len(fake.lbs_history) >= 2, "a re-queue")
-            assert fake.calls_of("requeue")[0] == (assignment, None)
+            assert fake.calls_of("requeue")[0] == (assignment, 2)
             assert StreamEvent.CONTENDED in metrics.events
             assert hooks.started == []
             assert hooks.calls == []
@@ -297,11 +298,31 @@ async def test_lock_held_elsewhere_at_acquire_hands_the_assignment_back_uncounte
             await eventually(lambda: hooks.ended == ["s1"], "on_stream_end")
     assert hooks.handled_ids() == ids
     assert hooks.started == [("s1", {"a": 1})]
-    for _, fields in fake.lbs_history:
-        assert fields[RETRY_FIELD] == "1", "a contended acquire counted a retry"
     assert StreamEvent.HANDED_BACK not in metrics.events
     assert_nothing_held(fake)
     assert fake.lbs_entries == []
+
+
+async def test_an_assignment_that_never_gets_its_lock_ends_in_the_dead_letters(
+    fake: FakeGateway,
+) -> None:
+    assignment = fake.add_assignment("s1", {"a": 1})
+    fake.set_lock("s1", "a-live-owner-of-a-duplicate")
+    hooks = RecordingHooks()
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(make_runtime(fake, hooks)):
+            await eventually(lambda: len(fake.dead_letters) == 1, "a dead letter")
+    [(dlq_id, fields)] = fake.dead_letters
+    record = parse_dead_letter(dlq_id, fields)
+    assert record.reason is DeadLetterReason.MAX_RETRIES_EXCEEDED
+    assert record.retry_count == 4  # max_retries (3) re-queues, then the fourth round
+    assert "lock" in record.error
+    assert [c[1] for c in fake.calls_of("requeue")] == [1, 2, 3]
+    assert record.source_id != assignment  # it went through re-queues
+    assert hooks.calls == []
+    assert fake.lock_token("s1") == "a-live-owner-of-a-duplicate"
+    assert fake.lbs_entries == []
+    assert fake.lbs_pending == {}
 
 
 async def test_graceful_close_hands_unfinished_streams_back(fake: FakeGateway) -> None:
