@@ -22,7 +22,6 @@ field instead (docs/design.md#wire-format). The margin below 8,000 leaves room f
 values already on the stack."""
 
 NAMES = (
-    "add",
     "acquire",
     "extend",
     "read",

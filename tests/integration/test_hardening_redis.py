@@ -11,15 +11,19 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from streamjobs import (
+    ClusterMode,
     ConfigurationError,
     ConsumerConfig,
     DeadLetterReason,
     InvalidStreamName,
+    NullRecorder,
     Producer,
     RecoveryConfig,
 )
 from streamjobs._deadletter import parse_dead_letter
 from streamjobs._keys import Keys
+from streamjobs._recovery import Recoverer
+from streamjobs._recovery_loops import RecoveryLoops
 from streamjobs._redis import Gateway
 from tests.harness.plugin import ConsumerFactory, RedisServerFactory
 
@@ -252,3 +256,45 @@ async def test_consumer_names_that_are_gone_are_pruned_and_live_ones_kept(
     assert sorted(pruned) == ["dead-1", "dead-2"]
     assert await names() == {"holds-work", "me"}  # pending work and ourselves stay
     assert (await redis.xpending(keys.assignments, service))["pending"] == 1
+
+
+async def test_one_unrecoverable_entry_does_not_stop_the_scan_page(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    await gw.ensure_group()
+    poison = (await redis.xadd(keys.assignments, {"info": "{}"})).decode()  # unparseable
+    await Producer(redis, service=service).add_stream(f"data:{uid}")
+    await redis.xreadgroup(service, "ghost", {keys.assignments: ">"}, count=2)
+    await redis.set(keys.dead_letters, "not a stream")  # the poison cannot be moved there
+    errors: list[str] = []
+
+    class Errors(NullRecorder):
+        def loop_error(self, service: str, loop: str) -> None:
+            errors.append(loop)
+
+    metrics = Errors()
+    loops = RecoveryLoops(
+        redis,
+        gw,
+        Recoverer(gw, max_retries=3, metrics=metrics, service=service),
+        recovery=RecoveryConfig(min_idle_s=0.001),
+        consumer=ConsumerConfig(),
+        cluster_mode=ClusterMode.PROXY,
+        metrics=metrics,
+    )
+
+    async def both_idle() -> bool:  # XPENDING IDLE counts whole milliseconds
+        page = await redis.xpending_range(keys.assignments, service, "-", "+", 10, idle=2)
+        return len(page) == 2
+
+    await eventually(both_idle)
+    assert await loops.scan_once() == 2
+    assert errors == ["recover"]
+    pending = await redis.xpending_range(keys.assignments, service, "-", "+", 10)
+    assert [p["message_id"].decode() for p in pending] == [poison]  # still there, not lost
+    [(_, requeued)] = [
+        (i, f) for i, f in await redis.xrange(keys.assignments) if i.decode() != poison
+    ]
+    assert requeued[b"_retry_count"] == b"1"  # the entry behind it was recovered
