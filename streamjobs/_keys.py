@@ -2,10 +2,11 @@
 
 No other module builds a key by hand. The rules (docs/design.md#keys):
 
-* The assignment stream (LBS), the dead-letter stream and the lease index of a
-  service share the hash tag ``{service}``, so moves between them are single-slot
-  Lua scripts even on a cluster. A custom dead-letter stream name must hash to the
-  same slot (:meth:`Keys.check_dlq_name`).
+* The assignment stream (LBS), the dead-letter stream, the lease index, the
+  active-assignment index and the idempotency keys of a service share the hash tag
+  ``{service}``, so moves between them are single-slot Lua scripts even on a cluster.
+  A custom dead-letter stream name must hash to the same slot
+  (:meth:`Keys.check_dlq_name`).
 * The lock of data stream ``D`` hashes to the same slot as ``D`` itself, so a
   script can check the lock token and touch ``D`` atomically (fenced acks and
   reads). If ``D`` carries a valid hash tag the lock keeps it; otherwise the lock
@@ -83,23 +84,57 @@ class Keys:
         """Sorted set: assignment id -> server-time lock deadline (ms); same slot as the LBS."""
         return f"{self.prefix}:{{{self.service}}}:leases"
 
+    @property
+    def active(self) -> str:
+        """Hash: data stream name -> id of its unfinished assignment queued by
+        ``Producer.add_stream`` (the index that makes submission idempotent); same slot
+        as the LBS."""
+        return f"{self.prefix}:{{{self.service}}}:active"
+
+    @property
+    def idempotency_prefix(self) -> str:
+        """Start of every idempotency key (:meth:`idempotency`)."""
+        return f"{self.prefix}:{{{self.service}}}:idem:"
+
+    def idempotency(self, key: str) -> str:
+        """The key recording which assignment a submission with idempotency key ``key``
+        made (``Producer.add_stream(..., idempotency_key=key)``); same slot as the LBS,
+        whatever ``key`` holds (the service's tag comes first).
+
+        Raises:
+            ConfigurationError: for field ``idempotency_key``: not a non-empty str, or
+                not encodable as UTF-8.
+        """
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError("idempotency_key", "must be a non-empty str")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError("idempotency_key", "must be valid UTF-8") from None
+        return f"{self.idempotency_prefix}{key}"
+
     def check_dlq_name(self, name: str) -> None:
         """Reject a custom dead-letter stream name (``RecoveryConfig.dlq_stream``).
 
         Moving an assignment to the dead-letter stream is one script over the LBS, the
-        dead-letter stream and the lease index, so the name must hash to the LBS's
-        cluster slot: give it the hash tag ``{service}`` (as in ``P:{service}:dlq``).
-        This holds in every cluster mode, since a standalone deployment may become a
-        cluster later. Nor may it be the LBS or the lease index itself.
+        dead-letter stream, the lease index and the active-assignment index, so the
+        name must hash to the LBS's cluster slot: give it the hash tag ``{service}`` (as
+        in ``P:{service}:dlq``). This holds in every cluster mode, since a standalone
+        deployment may become a cluster later. Nor may it be the LBS, one of the
+        indexes or an idempotency key.
 
         Raises:
             ConfigurationError: for field ``dlq_stream``, with the rule.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError("dlq_stream", "must be a non-empty str")
-        if name in (self.assignments, self.leases):
+        if name in (self.assignments, self.leases, self.active) or name.startswith(
+            self.idempotency_prefix
+        ):
             raise ConfigurationError(
-                "dlq_stream", f"must not be the assignment stream or the lease index ({name!r})"
+                "dlq_stream",
+                f"must not be the assignment stream, the lease index, the active-assignment "
+                f"index or an idempotency key ({name!r})",
             )
         try:
             slot = key_slot(name)

@@ -33,8 +33,9 @@ from redis import exceptions as rex
 from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
 from ._scripts import MAX_COPY_VALUES, Scripts
-from ._wire import RETRY_FIELD
+from ._wire import RETRY_FIELD, STREAM_FIELD
 from .exceptions import (
+    ConfigurationError,
     NoSuchGroup,
     RedisCommandError,
     RedisUnavailable,
@@ -256,10 +257,41 @@ class Gateway:
 
     # -- producer writes -----------------------------------------------------------
 
-    @translated
-    async def add_assignment(self, fields: Mapping[str, str]) -> str:
-        """Append an assignment entry to the assignment stream; returns its id."""
-        return text(await self.client.xadd(self.keys.assignments, dict(fields)))
+    @script
+    async def add_assignment(
+        self,
+        stream: str,
+        fields: Mapping[str, str],
+        *,
+        idempotency_key: str | None = None,
+        window_ms: int = 0,
+    ) -> tuple[str, bool]:
+        """Queue an assignment for data stream ``stream`` unless one is unfinished
+        (``add.lua``, docs/design.md#submission).
+
+        Args:
+            stream: the data stream, the name ``fields`` carry.
+            fields: the new assignment's fields.
+            idempotency_key: if given, a repeat within ``window_ms`` returns the id this
+                call returns, even once that job has finished.
+            window_ms: how long the idempotency key is kept; above 0 with a key
+                (``ConfigurationError`` otherwise: the script's last write would fail).
+
+        Returns:
+            (assignment id, True if it was queued by this call).
+
+        Raises:
+            WrongKeyType: the assignment stream, the index or the idempotency key holds
+                another type; nothing was written.
+        """
+        keys = [self.keys.assignments, self.keys.active]
+        if idempotency_key is not None:
+            if window_ms <= 0:  # SET PX would fail after the XADD: refuse it up front
+                raise ConfigurationError("window_ms", f"must be above 0 with a key: {window_ms}")
+            keys.append(self.keys.idempotency(idempotency_key))
+        flat = [part for pair in fields.items() for part in pair]
+        r = await self.scripts.add(keys=keys, args=[stream, window_ms, *flat])
+        return text(r[0]), int(r[1]) == 1
 
     @translated
     async def clear_retention(self, stream: str) -> None:
@@ -344,10 +376,14 @@ class Gateway:
 
     @script
     async def finish(self, assignment_id: str) -> bool:
-        """Ack and delete a completed assignment; False if it was no longer pending."""
+        """Ack and delete a completed assignment; False if it was no longer pending.
+
+        Its lease goes, and its stream's entry in the active-assignment index if that
+        points at it (the script reads the stream's name from the entry).
+        """
         r = await self.scripts.finish(
-            keys=[self.keys.assignments, self.keys.leases],
-            args=[self.keys.group, assignment_id],
+            keys=[self.keys.assignments, self.keys.leases, self.keys.active],
+            args=[self.keys.group, assignment_id, STREAM_FIELD],
         )
         return int(r) == 1
 
@@ -356,7 +392,9 @@ class Gateway:
         """Atomic XACK-first re-queue; ``retry_count`` None keeps the entry's own count.
 
         Returns the new entry's id, or None if the entry was not pending (someone else
-        re-queued or finished it). Its lease is forgotten either way.
+        re-queued or finished it). Its lease is forgotten either way. If the active-
+        assignment index pointed at the entry it points at the copy (the script reads
+        the stream's name from the entry, so every caller keeps the index right).
 
         Raises:
             EntryTooLarge: the entry has too many fields to copy; it is still pending
@@ -364,13 +402,14 @@ class Gateway:
             WrongKeyType: the assignment stream is not a stream (nothing was written).
         """
         r = await self.scripts.requeue(
-            keys=[self.keys.assignments, self.keys.leases],
+            keys=[self.keys.assignments, self.keys.leases, self.keys.active],
             args=[
                 self.keys.group,
                 assignment_id,
                 RETRY_FIELD,
                 "" if retry_count is None else str(retry_count),
                 self.max_copy_values,
+                STREAM_FIELD,
             ],
         )
         return None if r is None else text(r)
@@ -381,7 +420,8 @@ class Gateway:
     ) -> tuple[str, int] | None:
         """Atomic XACK, XADD to the DLQ, XDEL; None if the entry was not pending.
 
-        An entry too large to copy field by field is carried in ``_fields_json``.
+        An entry too large to copy field by field is carried in ``_fields_json``. Its
+        stream's entry in the active-assignment index goes if it points at it.
 
         Returns:
             (dead letter id, entries trimmed off the DLQ by MAXLEN).
@@ -391,7 +431,7 @@ class Gateway:
                 the entry is still pending.
         """
         r = await self.scripts.dead_letter(
-            keys=[self.keys.assignments, self.dlq, self.keys.leases],
+            keys=[self.keys.assignments, self.dlq, self.keys.leases, self.keys.active],
             args=[
                 self.keys.group,
                 assignment_id,
@@ -399,6 +439,7 @@ class Gateway:
                 DEAD_AT_FIELD,
                 FIELDS_JSON_FIELD,
                 self.max_copy_values,
+                STREAM_FIELD,
                 *raw(flatten(meta)),
             ],
         )

@@ -22,6 +22,7 @@ field instead (docs/design.md#wire-format). The margin below 8,000 leaves room f
 values already on the stack."""
 
 NAMES = (
+    "add",
     "acquire",
     "extend",
     "read",
@@ -46,6 +47,7 @@ class Scripts:
     """The registered script objects of one client."""
 
     def __init__(self, client: Any) -> None:
+        self.add = client.register_script(source("add"))
         self.acquire = client.register_script(source("acquire"))
         self.extend = client.register_script(source("extend"))
         self.read = client.register_script(source("read"))

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from ._keys import DEFAULT_PREFIX, Keys
 from ._redis import Gateway
 from ._wire import EOS_FIELD, EOS_VALUE, build_fields
+from .exceptions import ConfigurationError
+
+DEFAULT_DEDUPE_WINDOW_S: Final = 86_400.0
+"""How long ``add_stream`` remembers an idempotency key by default (one day)."""
+
+MAX_DEDUPE_WINDOW_S: Final = 1e9
+"""The longest dedupe window ``add_stream`` accepts (about 31 years): a bound that
+keeps the key's expiry time representable on the server."""
+
+
+def _window_ms(dedupe_window_s: float) -> int:
+    """``dedupe_window_s`` in whole milliseconds (rounded up).
+
+    Raises:
+        ConfigurationError: for field ``dedupe_window_s``: not a finite number of
+            seconds above 0 and at most ``MAX_DEDUPE_WINDOW_S``.
+    """
+    if isinstance(dedupe_window_s, bool) or not isinstance(dedupe_window_s, int | float):
+        raise ConfigurationError("dedupe_window_s", "must be a number of seconds")
+    if not math.isfinite(dedupe_window_s) or not 0 < dedupe_window_s <= MAX_DEDUPE_WINDOW_S:
+        raise ConfigurationError(
+            "dedupe_window_s",
+            f"must be above 0 and at most {MAX_DEDUPE_WINDOW_S:.0e} s, got {dedupe_window_s!r}",
+        )
+    return math.ceil(dedupe_window_s * 1000)
 
 
 class Producer:
@@ -26,20 +52,60 @@ class Producer:
         self._keys = Keys(service, key_prefix)
         self._gw = Gateway(redis, self._keys)
 
-    async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
+    async def add_stream(
+        self,
+        name: str,
+        info: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+        dedupe_window_s: float = DEFAULT_DEDUPE_WINDOW_S,
+    ) -> str:
         """Queue an assignment naming data stream ``name``; returns the assignment's id.
+
+        Submission is idempotent while the job is unfinished: if ``name`` already has an
+        assignment queued by ``add_stream`` that has not finished (not yet read, owned,
+        or re-queued after a crash or a hand-back), nothing is queued and that
+        assignment's id is returned; ``info`` is then ignored (the first submission's
+        stays). The check and the write are one script on the assignment stream's slot
+        (docs/design.md#submission). Once the stream has finished (or its assignment
+        was dead-lettered), a new call queues a new job of the same name. Assignments
+        written by other means (a raw XADD, the Go library's ``lbs-input`` form) are
+        not deduplicated.
+
+        Args:
+            name: the data stream.
+            info: a JSON object handed to ``on_stream_start``.
+            idempotency_key: names this submission: a repeat with the same key within
+                ``dedupe_window_s`` returns the id the first one returned, even after
+                that job has finished (a client retrying a call whose reply was lost
+                never starts a second job). The key alone decides: a repeat's ``name``
+                and ``info`` are not compared.
+            dedupe_window_s: how long the key is remembered, from the first call.
 
         Raises:
             InvalidStreamName: ``name`` cannot be given a lock key in its own slot, or is
                 reserved (it starts with the key prefix).
             TypeError: ``info`` is not JSON-serialisable.
+            ConfigurationError: (a ``ValueError``) ``idempotency_key`` is not a non-empty
+                UTF-8 str, or ``dedupe_window_s`` is not a finite number of seconds above
+                0 (and at most ``MAX_DEDUPE_WINDOW_S``); ``field`` names the argument.
+            WrongKeyType: the assignment stream, its index or the idempotency key
+                holds another type (nothing was written).
         """
         self._keys.check_data_stream(name)
         fields = build_fields(name, info)
-        # A stream of this name that finished recently still carries its retention
-        # TTL, which would expire this job's entries (the new owner clears it too).
-        await self._gw.clear_retention(name)
-        return await self._gw.add_assignment(fields)
+        window_ms = _window_ms(dedupe_window_s)
+        if idempotency_key is not None:
+            self._keys.idempotency(idempotency_key)  # validates it
+        assignment_id, created = await self._gw.add_assignment(
+            name, fields, idempotency_key=idempotency_key, window_ms=window_ms
+        )
+        if created:
+            # A stream of this name that finished recently still carries its retention
+            # TTL, which would expire this job's entries (the new owner clears it too).
+            # Not for a deduplicated call: that job may be the finished one.
+            await self._gw.clear_retention(name)
+        return assignment_id
 
     async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:
         """Append one entry to data stream ``name``; returns its id.

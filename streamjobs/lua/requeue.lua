@@ -6,24 +6,34 @@
 -- a copy too large for one XADD is refused while the entry is still pending.
 -- KEYS[1]  assignment stream (LBS)
 -- KEYS[2]  lease index (same slot)
+-- KEYS[3]  active-assignment index (hash: data stream name -> assignment id, same slot)
 -- ARGV[1]  consumer group name
 -- ARGV[2]  assignment entry id (also its lease member)
 -- ARGV[3]  name of the retry-count field
 -- ARGV[4]  new retry count ('' keeps the entry's own value: graceful hand-back)
 -- ARGV[5]  the most field names and values one XADD may carry
+-- ARGV[6]  name of the field holding the data stream's name
 -- Returns the new entry id, or false if the entry was not pending / no longer exists.
 -- The lease is forgotten either way: an entry that is not pending under this id has
 -- no live lease under it.
 -- Fails with 'TOOLARGE ...', writing nothing, if the copy would exceed ARGV[5] values
 -- while the entry is pending (the caller dead-letters it instead).
+-- The copy takes the original's place in the active-assignment index, only if the index
+-- points at the original (another assignment of the same stream, written by other
+-- means, never moves it). An index that is not a hash is left alone (add.lua reports
+-- it).
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 local out = nil
+local name = nil
 if #found > 0 then
   local src = found[1][2]
   out = {}
   local seen = false
   for i = 1, #src, 2 do
     out[#out + 1] = src[i]
+    if src[i] == ARGV[6] then
+      name = src[i + 1]
+    end
     if src[i] == ARGV[3] and ARGV[4] ~= '' then
       seen = true
       out[#out + 1] = ARGV[4]
@@ -45,10 +55,15 @@ if #found > 0 then
       ' fields: a re-queue copies at most ' .. math.floor(tonumber(ARGV[5]) / 2))
   end
 end
+local indexed = name ~= nil and redis.call('TYPE', KEYS[3])['ok'] == 'hash' and
+  redis.call('HGET', KEYS[3], name) == ARGV[2]
 redis.call('ZREM', KEYS[2], ARGV[2])
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 or out == nil then
   return false
 end
 local new_id = redis.call('XADD', KEYS[1], '*', unpack(out))
 redis.call('XDEL', KEYS[1], ARGV[2])
+if indexed then
+  redis.call('HSET', KEYS[3], name, new_id)
+end
 return new_id

@@ -9,7 +9,10 @@ method the observable semantics of its script (streamjobs/lua/*.lua):
 * data streams: entries, the group's last-delivered id and pending list, retention
   (a deadline on the fake clock after ``release(keep_ms > 0)``);
 * lock keys: token and deadline on an injectable clock (monotonic milliseconds);
-* the lease index (assignment id -> deadline) and the dead-letter stream.
+* the lease index (assignment id -> deadline) and the dead-letter stream;
+* the active-assignment index (data stream -> id of the assignment :meth:`submit`
+  queued for it, kept up to date by finish, re-queue and dead-letter) and the
+  idempotency keys (``add.lua``).
 
 Each method runs its whole effect between two awaits, as a script runs atomically on
 the server. Before the effect there is a checkpoint (a cancellation there means the
@@ -36,7 +39,7 @@ import anyio.lowlevel
 from streamjobs._deadletter import DEAD_AT_FIELD, Pairs
 from streamjobs._keys import Keys
 from streamjobs._redis import Entry, Pending, RawFields, text
-from streamjobs._wire import EOS_FIELD, EOS_VALUE, RETRY_FIELD, build_fields
+from streamjobs._wire import EOS_FIELD, EOS_VALUE, RETRY_FIELD, STREAM_FIELD, build_fields
 from streamjobs.exceptions import NoSuchGroup, RedisUnavailable
 
 StreamId = tuple[int, int]
@@ -226,6 +229,8 @@ class FakeGateway:
         self._data: dict[str, _Stream] = {}
         self._locks: dict[str, _Lock] = {}
         self._leases: dict[str, float] = {}
+        self._active: dict[str, str] = {}
+        self._idempotency: dict[str, tuple[str, int]] = {}  # key -> (id, expiry ms)
         self._lbs_changed = _Signal()
         self._data_changed = _Signal()
         self._gates: dict[str, Gate] = {}
@@ -282,6 +287,33 @@ class FakeGateway:
     def add_raw_assignment(self, fields: Mapping[str, bytes | str]) -> str:
         """Append an assignment entry with exactly these fields (even unparseable ones)."""
         return self._xadd_lbs(dict(fields))
+
+    def submit(
+        self,
+        stream: str,
+        info: Mapping[str, Any] | None = None,
+        /,
+        *,
+        idempotency_key: str | None = None,
+        window_ms: int = 86_400_000,
+    ) -> tuple[str, bool]:
+        """``Producer.add_stream`` (add.lua): the idempotency key's id if it is alive,
+        else the stream's unfinished assignment (an index entry pointing at an entry
+        that still exists), else a new assignment. Returns (id, queued now)."""
+        now = self.clock()
+        if idempotency_key is not None:
+            earlier = self._idempotency.get(idempotency_key)
+            if earlier is not None and earlier[1] > now:
+                return earlier[0], False
+        current = self._active.get(stream)
+        created = current is None or current not in self._lbs.entries
+        if created:
+            current = self._xadd_lbs(dict(build_fields(stream, info)))
+            self._active[stream] = current
+        assert current is not None
+        if idempotency_key is not None:
+            self._idempotency[idempotency_key] = (current, now + window_ms)
+        return current, created
 
     def append(self, stream: str, fields: Mapping[str, str]) -> str:
         """Append an entry to a data stream (created if missing); returns its id."""
@@ -341,6 +373,11 @@ class FakeGateway:
     def leases(self) -> dict[str, float]:
         """The lease index: assignment id -> deadline (fake-clock ms)."""
         return dict(self._leases)
+
+    @property
+    def active(self) -> dict[str, str]:
+        """The active-assignment index: data stream -> assignment id."""
+        return dict(self._active)
 
     @property
     def lbs_entries(self) -> list[tuple[str, dict[str, bytes | str]]]:
@@ -478,23 +515,29 @@ class FakeGateway:
         return now
 
     async def finish(self, assignment_id: str) -> bool:
-        """finish.lua: XACK; ZREM the lease; XDEL if the XACK acked."""
+        """finish.lua: XACK; ZREM the lease; XDEL and drop the index entry pointing at it
+        if the XACK acked."""
         await self._enter("finish", assignment_id)
+        name = self._indexed_name(assignment_id)
         acked = self._xack_lbs(assignment_id)
         self._leases.pop(assignment_id, None)
         if acked:
             self._lbs.entries.pop(assignment_id, None)
+            if name is not None:
+                del self._active[name]
         await self._leave("finish")
         return acked
 
     async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
-        """requeue.lua: ZREM the lease; XACK (stop if 0); XADD a copy to the tail; XDEL."""
+        """requeue.lua: ZREM the lease; XACK (stop if 0); XADD a copy to the tail; XDEL;
+        an index entry pointing at the original points at the copy."""
         await self._enter("requeue", assignment_id, retry_count)
         new_id = self._requeue(assignment_id, retry_count)
         await self._leave("requeue")
         return new_id
 
     def _requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+        name = self._indexed_name(assignment_id)
         self._leases.pop(assignment_id, None)
         if not self._xack_lbs(assignment_id):
             return None
@@ -506,14 +549,18 @@ class FakeGateway:
             out[RETRY_FIELD] = str(retry_count)
         new_id = self._xadd_lbs(out)
         self._lbs.entries.pop(assignment_id, None)
+        if name is not None:
+            self._active[name] = new_id
         return new_id
 
     async def dead_letter_assignment(
         self, assignment_id: str, meta: Pairs
     ) -> tuple[str, int] | None:
-        """dead_letter.lua: ZREM; XACK (stop if 0); XADD fields + meta to the DLQ; XDEL."""
+        """dead_letter.lua: ZREM; XACK (stop if 0); XADD fields + meta to the DLQ; XDEL;
+        drop the index entry pointing at it."""
         await self._enter("dead_letter_assignment", assignment_id, tuple(meta))
         result = None
+        name = self._indexed_name(assignment_id)
         self._leases.pop(assignment_id, None)
         if self._xack_lbs(assignment_id):
             replaced = {DEAD_AT_FIELD} | {k for k, _ in meta}
@@ -523,6 +570,8 @@ class FakeGateway:
             out[DEAD_AT_FIELD] = str(self.clock())
             result = self._xadd_dlq(out)
             self._lbs.entries.pop(assignment_id, None)
+            if name is not None:
+                del self._active[name]
         await self._leave("dead_letter_assignment")
         return result
 
@@ -712,6 +761,15 @@ class FakeGateway:
         gate = self._gates.get(method)
         if gate is not None and gate.after:
             await gate.pass_through()
+
+    def _indexed_name(self, assignment_id: str) -> str | None:
+        """The stream an LBS entry names, if the active-assignment index points at it."""
+        src = self._lbs.entries.get(assignment_id)
+        raw = None if src is None else src.get(STREAM_FIELD)
+        if raw is None:
+            return None
+        name = text(raw)
+        return name if self._active.get(name) == assignment_id else None
 
     def _live_lock(self, key: str) -> _Lock | None:
         lock = self._locks.get(key)

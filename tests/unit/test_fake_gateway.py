@@ -175,6 +175,43 @@ async def test_finish_and_dead_letters(fake: FakeGateway) -> None:
     assert set(entry_letter) == {"f", DEAD_AT_FIELD}
 
 
+async def test_submit_and_the_active_index(fake: FakeGateway, clock: ManualClock) -> None:
+    """add.lua, and the index kept by finish.lua, requeue.lua and dead_letter.lua."""
+    await fake.ensure_group()
+    first, created = fake.submit("d1", {"job": 1})
+    assert created
+    assert fake.submit("d1", {"job": 2}) == (first, False), "unfinished: not yet read"
+    raw = fake.add_assignment("d1")  # by other means: not deduplicated, not indexed
+    await fake.read_assignments("c1", 10, 10)
+    assert fake.submit("d1") == (first, False), "unfinished: pending"
+    assert fake.active == {"d1": first}
+    moved = await fake.requeue(first, 1)
+    assert moved is not None
+    assert fake.active == {"d1": moved}, "the index follows a re-queue"
+    assert fake.submit("d1") == (moved, False)
+    raw_moved = await fake.requeue(raw, None)
+    assert raw_moved is not None
+    assert fake.active == {"d1": moved}, "another assignment of the stream moved the index"
+    await fake.read_assignments("c1", 10, 10)
+    assert await fake.finish(raw_moved)
+    assert fake.active == {"d1": moved}
+    assert await fake.finish(moved)
+    assert fake.active == {}
+    second, created = fake.submit("d1", idempotency_key="k", window_ms=1000)
+    assert created
+    assert second != first
+    await fake.read_assignments("c1", 10, 10)
+    assert await fake.dead_letter_assignment(second, [("_dlq_reason", "manual")]) is not None
+    assert fake.active == {}
+    assert fake.submit("d1", idempotency_key="k") == (second, False), "within the window"
+    assert fake.lbs_entries == []
+    clock.advance(1000)
+    third, created = fake.submit("d1", idempotency_key="k")
+    assert created
+    assert third not in (first, second)
+    assert fake.active == {"d1": third}
+
+
 async def test_dead_letter_stream_is_capped(clock: ManualClock) -> None:
     fake = FakeGateway(clock=clock, dlq_maxlen=2)
     assert [(await fake.dead_letter_entry([("n", str(i))]))[1] for i in range(4)] == [0, 0, 1, 1]

@@ -125,3 +125,32 @@ def test_a_dlq_name_in_the_same_slot_by_chance_is_accepted() -> None:
 def test_the_dlq_cannot_be_the_assignment_stream_or_the_lease_index(name: str) -> None:
     with pytest.raises(ConfigurationError, match="dlq_stream"):
         KEYS.check_dlq_name(name)
+
+
+@pytest.mark.parametrize("name", [KEYS.active, KEYS.idempotency("req-1")])
+def test_the_dlq_cannot_be_an_index_or_an_idempotency_key(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="dlq_stream"):
+        KEYS.check_dlq_name(name)
+
+
+@given(st.text(max_size=30) | st.text(alphabet="{}:ab \t\n\x00é", max_size=12))
+def test_an_idempotency_key_is_in_the_assignment_streams_slot_or_refused(key: str) -> None:
+    """add.lua writes the key in the same script as the assignment and the index."""
+    try:
+        name = KEYS.idempotency(key)
+    except ConfigurationError as exc:
+        refused: ConfigurationError | None = exc
+    else:
+        refused = None
+    if refused is not None:
+        assert refused.field == "idempotency_key"
+        return
+    assert name == f"streamjobs:{{svc}}:idem:{key}"
+    assert slot(name) == slot(KEYS.assignments) == slot(KEYS.active)
+
+
+@pytest.mark.parametrize("key", ["", "\ud800", 5, b"k", None])
+def test_bad_idempotency_keys_are_refused(key: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        KEYS.idempotency(key)
+    assert info.value.field == "idempotency_key"
