@@ -22,7 +22,7 @@ import anyio.abc
 from streamjobs import ClusterMode, ConsumerConfig, Message, NullRecorder, RecoveryConfig
 from streamjobs._runtime import Runtime
 from streamjobs.metrics import StreamEvent
-from tests.fakes.gateway import FakeGateway
+from tests.fakes.gateway import FakeGateway, ManualClock
 
 FAST = ConsumerConfig(
     lock_ttl_s=1,
@@ -175,3 +175,19 @@ async def running(runtime: Runtime) -> AsyncIterator[Running]:
                 if not handle.done.is_set():
                     await runtime.aclose()
                 await handle.done.wait()
+
+
+TEST_TIMEOUT_S = 15.0
+"""Bound on one fake-driven test's body."""
+
+
+def manual_fake() -> FakeGateway:
+    """A fake on a manual clock: a lock expires only when a test expires it."""
+    return FakeGateway(clock=ManualClock())
+
+
+def assert_nothing_held(fake: FakeGateway) -> None:
+    """No lock, no lease, and no assignment pending with anyone."""
+    assert fake.locks == {}, "a lock was left behind"
+    assert fake.leases == {}, "a lease was left behind"
+    assert fake.lbs_pending == {}, "an assignment is still pending"

@@ -26,30 +26,25 @@ from streamjobs._keys import Keys
 from streamjobs._redis import UnexpectedClientError, translated
 from streamjobs._wire import RETRY_FIELD, parse_assignment
 from streamjobs.metrics import StreamEvent
-from tests.fakes.gateway import FakeGateway, ManualClock
+from tests.fakes.gateway import FakeGateway
 from tests.fakes.runtime import (
     FAST,
+    TEST_TIMEOUT_S,
     RecordingHooks,
     RecordingMetrics,
+    assert_nothing_held,
     eventually,
     make_runtime,
+    manual_fake,
     running,
 )
 
 pytestmark = pytest.mark.anyio
 
-TEST_TIMEOUT_S = 15.0
-
 
 @pytest.fixture
 def fake() -> FakeGateway:
-    return FakeGateway(clock=ManualClock())
-
-
-def assert_nothing_held(fake: FakeGateway) -> None:
-    assert fake.locks == {}, "a lock was left behind"
-    assert fake.leases == {}, "a lease was left behind"
-    assert fake.lbs_pending == {}, "an assignment is still pending"
+    return manual_fake()
 
 
 # -- parsing never raises anything but InvalidAssignment ------------------------------

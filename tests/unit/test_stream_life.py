@@ -16,31 +16,25 @@ from streamjobs import DeadLetter, DeadLetterReason, Message, Retry
 from streamjobs._deadletter import parse_dead_letter
 from streamjobs._wire import RETRY_FIELD
 from streamjobs.metrics import StreamEvent
-from tests.fakes.gateway import FakeGateway, ManualClock
+from tests.fakes.gateway import FakeGateway
 from tests.fakes.runtime import (
     FAST,
+    TEST_TIMEOUT_S,
     RecordingHooks,
     RecordingMetrics,
+    assert_nothing_held,
     eventually,
     make_runtime,
+    manual_fake,
     running,
 )
 
 pytestmark = pytest.mark.anyio
 
-TEST_TIMEOUT_S = 15.0
-
 
 @pytest.fixture
 def fake() -> FakeGateway:
-    return FakeGateway(clock=ManualClock())
-
-
-def assert_nothing_held(fake: FakeGateway) -> None:
-    """No lock, no lease, and no assignment pending with anyone."""
-    assert fake.locks == {}, "a lock was left behind"
-    assert fake.leases == {}, "a lease was left behind"
-    assert fake.lbs_pending == {}, "an assignment is still pending"
+    return manual_fake()
 
 
 async def test_stream_is_handled_in_order_and_finished_by_its_end_marker(
