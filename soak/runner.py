@@ -1,0 +1,1126 @@
+"""The soak run: start everything, produce, inject faults, drain, check, report.
+
+See the package docstring (:mod:`soak`) for what is checked and README.md for usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import secrets
+import shutil
+import signal
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from redis.asyncio import Redis
+
+from streamjobs._keys import Keys
+from streamjobs.testing import RedisServer, Worker, WorkerFleet
+
+from .history import (
+    ExclusiveReport,
+    History,
+    check_exclusive,
+    check_order,
+    parse,
+    restarted_after_finish,
+)
+from .produce import ProducePlan, ProducerError, StreamProducer
+from .stores import (
+    CONN_DROP,
+    KILL9,
+    PRIMARY_KILL,
+    SERVER_RESTART,
+    SIGSTOP,
+    SIGTERM,
+    ClusterStore,
+    StandaloneStore,
+    Store,
+)
+from .worker import EVENTS_KEY, HANDLED_KEY, RECORD_URL_ENV
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+TARGET: Final = "soak.worker:SoakWorker"
+WORKER_FAULTS: Final = (KILL9, SIGSTOP, SIGTERM)
+_MONITOR_S: Final = 0.25
+_LOG_TAIL_LINES: Final = 40
+_EXIT_INTERRUPTED: Final = 130
+# How long the drain waits before it checks whether what is left can ever finish.
+_DRAIN_PATIENCE_S: Final = 20.0
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    target: str
+    duration_s: float
+    seed: int
+    workers: int
+    open_streams: int
+    entries_per_stream: int
+    rate: float
+    work_ms: int
+    lock_ttl_s: float
+    min_idle_s: float
+    scan_interval_s: float
+    batch: int
+    concurrency: int
+    grace_s: float
+    max_retries: int
+    max_attempts: int
+    fault_min_s: float
+    fault_max_s: float
+    faults: tuple[str, ...]
+    poison_rate: float
+    flaky_rate: float
+    drain_timeout_s: float
+    progress_s: float
+    keep_logs: Path | None
+
+    def worker_args(self) -> list[str]:
+        return [
+            "--lock-ttl", str(self.lock_ttl_s),
+            "--min-idle", str(self.min_idle_s),
+            "--scan-interval", str(self.scan_interval_s),
+            "--batch", str(self.batch),
+            "--concurrency", str(self.concurrency),
+            "--grace", str(self.grace_s),
+            "--block-ms", "200",
+            "--max-retries", str(self.max_retries),
+            "--max-attempts", str(self.max_attempts),
+        ]  # fmt: skip
+
+    def stop_duration_s(self, rng: random.Random) -> float:
+        """How long a SIGSTOP lasts: past the lock TTL, so the stream is taken over."""
+        return self.lock_ttl_s + rng.uniform(1.0, 3.0)
+
+
+ALL_FAULTS: Final = {
+    "standalone": (KILL9, SIGSTOP, SIGTERM, SERVER_RESTART, CONN_DROP),
+    "cluster": (KILL9, SIGSTOP, SIGTERM, PRIMARY_KILL, CONN_DROP),
+}
+DEFAULT_TTL_S: Final = {"standalone": 2.5, "cluster": 8.0}
+
+
+def parse_args(argv: Sequence[str] | None) -> Settings:
+    p = argparse.ArgumentParser(
+        prog="python -m soak",
+        description="Chaos soak of streamjobs: a worker fleet under random faults, "
+        "then a check of the whole history. Exit 0 if every check passes, 1 if not.",
+    )
+    p.add_argument("--target", choices=("standalone", "cluster"), default="standalone")
+    p.add_argument("--duration-s", type=float, default=120.0, help="fault/produce phase")
+    p.add_argument("--seed", type=int, default=None, help="default: random (printed)")
+    p.add_argument("--workers", type=int, default=3, help="consumer processes (>= 3)")
+    p.add_argument("--open-streams", type=int, default=12, help="streams open at once")
+    p.add_argument("--entries-per-stream", type=int, default=40)
+    p.add_argument("--rate", type=float, default=80.0, help="entries produced per second")
+    p.add_argument("--work-ms", type=int, default=20, help="simulated work per entry")
+    p.add_argument("--lock-ttl", type=float, default=None, help="default 2.5 s, cluster 8 s")
+    p.add_argument("--batch", type=int, default=10, help="read_batch_size")
+    p.add_argument("--concurrency", type=int, default=12, help="streams per worker")
+    p.add_argument("--grace", type=float, default=2.0, help="shutdown_grace_s")
+    p.add_argument("--max-retries", type=int, default=10, help="re-queues before DLQ")
+    p.add_argument("--max-attempts", type=int, default=3, help="handler attempts per entry")
+    p.add_argument("--fault-min-s", type=float, default=2.0)
+    p.add_argument("--fault-max-s", type=float, default=5.0)
+    p.add_argument(
+        "--faults",
+        default="all",
+        help="comma-separated subset of kill9,sigstop,sigterm,conndrop,restart "
+        "(standalone),primary (cluster); default all of the target's",
+    )
+    p.add_argument("--poison-rate", type=float, default=0.003, help="entries that always fail")
+    p.add_argument("--flaky-rate", type=float, default=0.02, help="entries that fail once")
+    p.add_argument("--drain-timeout-s", type=float, default=120.0)
+    p.add_argument("--progress-s", type=float, default=3.0)
+    p.add_argument("--keep-logs", type=Path, default=None, help="copy all logs here at the end")
+    ns = p.parse_args(argv)
+    if ns.workers < 3:
+        p.error("--workers must be >= 3")
+    if not 0 < ns.fault_min_s <= ns.fault_max_s:
+        p.error("need 0 < --fault-min-s <= --fault-max-s")
+    for name in ("duration_s", "rate", "drain_timeout_s", "progress_s"):
+        if getattr(ns, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    available = ALL_FAULTS[ns.target]
+    if ns.faults == "all":
+        faults = available
+    else:
+        faults = tuple(f.strip() for f in ns.faults.split(",") if f.strip())
+        unknown = sorted(set(faults) - set(available))
+        if unknown:
+            p.error(f"faults not available on {ns.target}: {unknown} (choose from {available})")
+    ttl = ns.lock_ttl if ns.lock_ttl is not None else DEFAULT_TTL_S[ns.target]
+    return Settings(
+        target=ns.target,
+        duration_s=ns.duration_s,
+        seed=ns.seed if ns.seed is not None else secrets.randbelow(2**31),
+        workers=ns.workers,
+        open_streams=ns.open_streams,
+        entries_per_stream=ns.entries_per_stream,
+        rate=ns.rate,
+        work_ms=ns.work_ms,
+        lock_ttl_s=ttl,
+        min_idle_s=round(ttl * 1.5, 3),
+        scan_interval_s=max(2.0, round(ttl / 2, 3)),
+        batch=ns.batch,
+        concurrency=ns.concurrency,
+        grace_s=ns.grace,
+        max_retries=ns.max_retries,
+        max_attempts=ns.max_attempts,
+        fault_min_s=ns.fault_min_s,
+        fault_max_s=ns.fault_max_s,
+        faults=faults,
+        poison_rate=ns.poison_rate,
+        flaky_rate=ns.flaky_rate,
+        drain_timeout_s=ns.drain_timeout_s,
+        progress_s=ns.progress_s,
+        keep_logs=ns.keep_logs,
+    )
+
+
+# -- worker processes ------------------------------------------------------------------------
+
+RUNNING, KILLED, TERMINATING, TERMINATED, DIED, FINAL = (
+    "running",
+    "killed",
+    "terminating",
+    "terminated",
+    "died",
+    "stopped at the end",
+)
+
+
+@dataclass
+class Proc:
+    """One worker process and what the soak did to it."""
+
+    worker: Worker
+    fate: str = RUNNING
+    stopped: bool = False  # SIGSTOPped right now
+    stops: list[tuple[int, int]] = field(default_factory=list)  # (SIGSTOP, SIGCONT) unix ns
+    end_ns: int | None = None
+    problem: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.worker.name
+
+
+class Gate:
+    """Closed while the data store is down or failing over (any task may open it)."""
+
+    def __init__(self) -> None:
+        self._closed = 0
+        self._opened = anyio.Event()
+        self._opened.set()
+
+    def close(self) -> None:
+        self._closed += 1
+        if self._opened.is_set():
+            self._opened = anyio.Event()
+
+    def open(self) -> None:
+        self._closed -= 1
+        if self._closed == 0:
+            self._opened.set()
+
+    def is_open(self) -> bool:
+        return self._closed == 0
+
+    async def wait_open(self) -> None:
+        while self._closed:
+            await self._opened.wait()
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+class Soak:
+    def __init__(self, settings: Settings, stack: contextlib.ExitStack) -> None:
+        self.s = settings
+        self.stack = stack
+        self.run_id = secrets.token_hex(3)
+        self.service = f"soak-{self.run_id}"
+        self.keys = Keys(self.service)
+        self.rng = random.Random(settings.seed)
+        self.store: Store = StandaloneStore() if settings.target == "standalone" else ClusterStore()
+        self.side = RedisServer(dir_prefix="soak-side-")
+        self.fleet: WorkerFleet | None = None
+        self.procs: list[Proc] = []
+        self.faults: Counter[str] = Counter()
+        self.fault_log: list[str] = []
+        self.infra_errors: list[str] = []
+        self.started_mono = time.monotonic()
+        self.phase = "start"
+        self.producer: StreamProducer | None = None
+        self.producer_error: str | None = None
+        self.drain_s: float | None = None  # from the end of production to drained
+        self.production_stopped = 0.0
+        self.drain_problem: str | None = None
+        self.dropped_connections = 0
+        self.failover_s: list[float] = []
+        # Held while the store is down or failing over: workers are not started then
+        # (their start-up PING would fail and they would exit with status 2).
+        self.gate = Gate()
+        self.server_fault_busy = False
+        self.ready: set[str] = set()  # workers past start-up (see _poll_ready)
+        self._next_worker = 0
+        self._side: Any = None
+        self._data: Any = None  # the producer's client (no redis-py retries)
+        self._check: Any = None  # a client for progress and checks
+        self.records: list[str] = []  # the workers' records, read at the end
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started_mono
+
+    def say(self, text: str) -> None:
+        print(f"[{self.elapsed():7.1f}s] {text}", flush=True)
+
+    def running(self) -> list[Proc]:
+        return [p for p in self.procs if p.fate == RUNNING]
+
+    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    async def start_worker(self) -> Proc:
+        assert self.fleet is not None
+        while True:
+            await self.gate.wait_open()
+            url = await self._thread(self.store.worker_url)
+            if self.gate.is_open():
+                break
+        self.fleet.url = url
+        name = f"w{self._next_worker}"
+        self._next_worker += 1
+        proc = Proc(self.fleet.start(name))
+        self.procs.append(proc)
+        return proc
+
+    # -- phases --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.s
+        self.say(
+            f"soak: target={s.target} seed={s.seed} duration={s.duration_s:g}s "
+            f"workers={s.workers} lock_ttl={s.lock_ttl_s:g}s faults={','.join(s.faults)}"
+        )
+        self.stack.callback(self.side.stop)
+        await self._thread(self.side.start)
+        self.stack.callback(self.store.stop)
+        await self._thread(self.store.start)
+        self.say(f"data store: {self.store.describe()}; side server: {self.side.url}")
+        self.fleet = WorkerFleet(
+            self.store.worker_url(),
+            self.service,
+            TARGET,
+            [*self.store.worker_args(), *s.worker_args()],
+            pythonpath=[ROOT],
+            env={RECORD_URL_ENV: self.side.url},
+            cwd=ROOT,
+        )
+        self.stack.callback(self.fleet.close)
+        self._side = Redis.from_url(self.side.url)
+        self._data = self.store.client(retries=False)
+        self._check = self.store.client(retries=True)
+        for _ in range(s.workers):
+            await self.start_worker()
+        slow = await self._thread(self.fleet.wait_started, 30.0)
+        if slow:
+            raise RuntimeError(f"workers did not start within 30 s: {[w.name for w in slow]}")
+        self.producer = StreamProducer(
+            self._data,
+            ProducePlan(
+                service=self.service,
+                run_id=self.run_id,
+                rate=s.rate,
+                open_streams=s.open_streams,
+                entries_per_stream=s.entries_per_stream,
+                work_ms=s.work_ms,
+                poison_rate=s.poison_rate,
+                flaky_rate=s.flaky_rate,
+            ),
+            random.Random(f"{s.seed}-produce"),
+        )
+        self.say(f"{s.workers} workers started (logs in {self.fleet.log_dir})")
+
+    async def close_clients(self) -> None:
+        for client in (self._side, self._data, self._check):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+    async def execute(self) -> int:
+        await self.start()
+        stop_at = time.monotonic() + self.s.duration_s
+        self.phase = "chaos"
+        async with anyio.create_task_group() as background:
+            background.start_soon(self.monitor_loop)
+            background.start_soon(self.progress_loop)
+            async with anyio.create_task_group() as followups:
+                async with anyio.create_task_group() as active:
+                    active.start_soon(self.produce, stop_at)
+                    active.start_soon(self.chaos_loop, stop_at, followups)
+                self.production_stopped = time.monotonic()
+                self.phase = "recovering"
+                self.say("faults and production stopped; finishing pending fault actions")
+            self.phase = "drain"
+            await self.drain()
+            background.cancel_scope.cancel()
+        await self.stop_fleet()
+        return await self.check_and_report()
+
+    async def produce(self, stop_at: float) -> None:
+        assert self.producer is not None
+        try:
+            await self.producer.run(stop_at)
+        except ProducerError as exc:
+            self.producer_error = str(exc)
+            self.say(f"producer gave up: {exc}")
+
+    # -- faults --------------------------------------------------------------------------
+
+    def eligible(self, kind: str) -> bool:
+        running = self.running()
+        movable = [p for p in running if not p.stopped]
+        if kind == KILL9:
+            return bool(running)
+        if kind == SIGSTOP:
+            return len(movable) >= 2
+        if kind == SIGTERM:
+            return bool(self._terminable())
+        if kind in (SERVER_RESTART, PRIMARY_KILL):
+            # A worker still starting up exits when Redis is unreachable (the CLI's
+            # start-up PING, the consumer's first commands): wait until all are ready.
+            return not self.server_fault_busy and all(p.name in self.ready for p in running)
+        return True
+
+    def _terminable(self) -> list[Proc]:
+        """Running, not stopped, and ready: before the CLI installed its handlers a
+        SIGTERM ends Python at once (-15) instead of stopping the consumer gracefully."""
+        return [p for p in self.running() if not p.stopped and p.name in self.ready]
+
+    async def _poll_ready(self) -> None:
+        """Workers whose consumer joined the assignment group: start-up is over (it
+        read the assignment stream, which comes after its start-up commands)."""
+        if all(p.name in self.ready for p in self.running()):
+            return
+        with contextlib.suppress(Exception):
+            consumers = await self._check.xinfo_consumers(self.keys.assignments, self.service)
+            self.ready |= {_s(c["name"]) for c in consumers}
+
+    async def chaos_loop(self, stop_at: float, followups: anyio.abc.TaskGroup) -> None:
+        while True:
+            delay = self.rng.uniform(self.s.fault_min_s, self.s.fault_max_s)
+            if time.monotonic() + delay >= stop_at:
+                return
+            await anyio.sleep(delay)
+            kinds = [k for k in self.s.faults if self.eligible(k)]
+            if not kinds:
+                continue
+            kind = self.rng.choice(kinds)
+            try:
+                await self.inject(kind, followups)
+            except Exception as exc:
+                self.infra_errors.append(f"injecting {kind}: {type(exc).__name__}: {exc}")
+                self.say(f"could not inject {kind}: {exc!r}")
+
+    def _record_fault(self, kind: str, text: str) -> None:
+        self.faults[kind] += 1
+        self.fault_log.append(f"{self.elapsed():7.1f}s {kind}: {text}")
+        self.say(f"fault {kind}: {text}")
+
+    async def inject(self, kind: str, followups: anyio.abc.TaskGroup) -> None:
+        if kind == KILL9:
+            victim = self.rng.choice(self.running())
+            victim.fate = KILLED
+            victim.worker.kill()
+            victim.end_ns = now_ns()
+            if victim.stopped:
+                victim.stops.append((victim.stops.pop()[0], victim.end_ns))
+            self._record_fault(kind, f"SIGKILL {victim.name} (pid {victim.worker.pid})")
+            followups.start_soon(self._replace, victim.name)
+        elif kind == SIGSTOP:
+            victim = self.rng.choice([p for p in self.running() if not p.stopped])
+            duration = self.s.stop_duration_s(self.rng)
+            victim.worker.signal(signal.SIGSTOP)
+            victim.stopped = True
+            victim.stops.append((now_ns(), 2**62))  # closed by the SIGCONT
+            self._record_fault(kind, f"SIGSTOP {victim.name} for {duration:.1f}s")
+            followups.start_soon(self._resume_later, victim, duration)
+        elif kind == SIGTERM:
+            victim = self.rng.choice(self._terminable())
+            victim.fate = TERMINATING
+            self._record_fault(kind, f"SIGTERM {victim.name} (graceful stop)")
+            followups.start_soon(self._terminate, victim)
+            followups.start_soon(self._replace, victim.name)
+        elif kind == CONN_DROP:
+            killed = await self._thread(self.store.drop_connections)
+            self.dropped_connections += killed
+            self._record_fault(kind, f"CLIENT KILL TYPE normal: {killed} connections dropped")
+        elif kind == SERVER_RESTART:
+            assert isinstance(self.store, StandaloneStore)
+            self.server_fault_busy = True
+            self.gate.close()  # opened by the follow-up
+            down_s = self.rng.uniform(0.2, 1.5)
+            try:
+                await self._thread(self.store.crash)
+            except BaseException:
+                self.gate.open()
+                self.server_fault_busy = False
+                raise
+            self._record_fault(kind, f"SIGKILL redis-server; restart from AOF in {down_s:.1f}s")
+            followups.start_soon(self._restart_server, down_s)
+        elif kind == PRIMARY_KILL:
+            assert isinstance(self.store, ClusterStore)
+            self.server_fault_busy = True
+            self.gate.close()  # opened by the follow-up once failed over
+            try:
+                if not await self._thread(self.store.healthy):
+                    self.gate.open()
+                    self.server_fault_busy = False
+                    self.say("primary kill skipped: the cluster is not settled with 6 nodes")
+                    return
+                primaries = await self._thread(self.store.primary_ports)
+                victim_port = self.rng.choice(primaries)
+                replica = await self._thread(self.store.crash_primary, victim_port)
+            except BaseException:
+                self.gate.open()
+                self.server_fault_busy = False
+                raise
+            self._record_fault(kind, f"SIGKILL primary {victim_port} (replica {replica})")
+            followups.start_soon(self._after_primary_kill, victim_port, replica)
+        else:  # pragma: no cover - parse_args rejects unknown kinds
+            raise ValueError(kind)
+
+    async def _guard(self, what: str, action: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await action()
+        except Exception as exc:
+            self.infra_errors.append(f"{what}: {type(exc).__name__}: {exc}")
+            self.say(f"{what} failed: {exc!r}")
+
+    async def _replace(self, name: str) -> None:
+        async def go() -> None:
+            proc = await self.start_worker()
+            self.say(f"started {proc.name} to replace {name}")
+
+        await self._guard(f"starting a replacement for {name}", go)
+
+    async def _resume_later(self, victim: Proc, duration: float) -> None:
+        await anyio.sleep(duration)
+        if victim.stopped and victim.fate in (RUNNING, TERMINATING):
+            victim.worker.signal(signal.SIGCONT)
+            victim.stopped = False
+            victim.stops.append((victim.stops.pop()[0], now_ns()))
+            self.say(f"SIGCONT {victim.name}")
+
+    async def _terminate(self, victim: Proc) -> None:
+        code = await self._thread(victim.worker.stop, 30.0)
+        victim.end_ns = now_ns()
+        victim.fate = TERMINATED
+        if code != 0:
+            victim.problem = f"exited with status {code} after SIGTERM (expected 0)"
+        self.say(f"{victim.name} stopped after SIGTERM with status {code}")
+
+    async def _restart_server(self, down_s: float) -> None:
+        assert isinstance(self.store, StandaloneStore)
+        store = self.store
+        try:
+            await anyio.sleep(down_s)
+
+            async def recover() -> None:
+                await self._thread(store.recover)
+
+            await self._guard("restarting redis-server from its AOF", recover)
+            self.say("redis-server is back (AOF loaded)")
+        finally:
+            self.gate.open()
+            self.server_fault_busy = False
+
+    async def _after_primary_kill(self, victim_port: int, replica: int) -> None:
+        assert isinstance(self.store, ClusterStore)
+        store = self.store
+        try:
+            try:
+                took = await self._thread(store.await_failover, replica)
+                self.failover_s.append(took)
+                self.say(f"failover: {replica} is primary, cluster settled ({took:.1f}s)")
+            except Exception as exc:
+                self.infra_errors.append(f"failover to {replica}: {type(exc).__name__}: {exc}")
+                self.say(f"failover to {replica} did not complete: {exc!r}")
+            finally:
+                self.gate.open()
+            await anyio.sleep(self.rng.uniform(1.0, 3.0))
+
+            async def restart() -> None:
+                await self._thread(store.restart_node, victim_port)
+                self.say(f"node {victim_port} restarted (now a replica); cluster is 3+3")
+
+            await self._guard(f"restarting node {victim_port}", restart)
+        finally:
+            self.server_fault_busy = False
+
+    # -- monitoring ------------------------------------------------------------------------
+
+    async def monitor_loop(self) -> None:
+        """Notice workers that exited without the soak asking; replace them."""
+        while True:
+            for proc in list(self.procs):
+                if proc.fate == RUNNING and not proc.worker.alive():
+                    proc.fate = DIED
+                    proc.end_ns = now_ns()
+                    proc.problem = f"exited on its own with status {proc.worker.returncode}"
+                    self.say(f"UNEXPECTED: {proc.name} {proc.problem}")
+                    await self._replace(proc.name)
+            with anyio.move_on_after(2.0):
+                await self._poll_ready()
+            await anyio.sleep(_MONITOR_S)
+
+    async def progress_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.s.progress_s)
+            with anyio.move_on_after(2.0):
+                await self._progress()
+
+    async def _progress(self) -> None:
+        handled: Any = "?"
+        with contextlib.suppress(Exception):
+            handled = int(await self._side.get(HANDLED_KEY) or 0)
+        backlog: Any = "?"
+        with contextlib.suppress(Exception):
+            backlog = int(await self._check.xlen(self.keys.assignments))
+        prod = self.producer
+        produced = prod.entries if prod else 0
+        streams = len(prod.streams) if prod else 0
+        faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"
+        running = self.running()
+        stopped = sum(1 for p in running if p.stopped)
+        workers = f"{len(running)}" + (f" ({stopped} SIGSTOPped)" if stopped else "")
+        self.say(
+            f"{self.phase}: produced={produced} streams={streams} handled={handled} "
+            f"assignments_queued={backlog} workers={workers} faults: {faults}"
+        )
+
+    # -- drain and stop --------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until every assignment is finished (or dead-lettered) and no lock is left."""
+        started = self.production_stopped or time.monotonic()
+        deadline = time.monotonic() + self.s.drain_timeout_s
+        last = "not checked yet"
+        while time.monotonic() < deadline:
+            try:
+                queued = int(await self._check.xlen(self.keys.assignments))
+                locks = await self._thread(self.store.keys_matching, self.keys.lock_pattern)
+                if queued == 0 and not locks:
+                    self.drain_s = time.monotonic() - started
+                    self.say(f"drained {self.drain_s:.1f}s after production stopped")
+                    return
+                last = f"{queued} assignments queued, {len(locks)} locks held"
+                if time.monotonic() - started > _DRAIN_PATIENCE_S and await self._only_reruns():
+                    self.drain_problem = (
+                        f"not drained: the {queued} assignments still queued name streams "
+                        "that had already finished (they wait for entries forever)"
+                    )
+                    self.say(self.drain_problem)
+                    return
+            except Exception as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            await anyio.sleep(0.5)
+        self.drain_problem = f"not drained within {self.s.drain_timeout_s:g}s ({last})"
+        self.say(self.drain_problem)
+
+    async def _only_reruns(self) -> bool:
+        """Every queued assignment names a stream some worker already finished."""
+        queued = await self._check.xrange(self.keys.assignments)
+        if not queued:
+            return False
+        raw = await self._side.lrange(EVENTS_KEY, 0, -1)
+        finished = {r.split(b"|")[3].decode() for r in raw if r.startswith(b"F|")}
+        return all(_s(fields.get(b"stream", b"")) in finished for _, fields in queued)
+
+    async def stop_fleet(self) -> None:
+        assert self.fleet is not None
+        self.phase = "stopping"
+        live = [p for p in self.procs if p.fate == RUNNING]
+        # A replacement may still be starting: SIGTERM before its handlers are installed
+        # would end it with -15 rather than a graceful stop.
+        fleet = self.fleet
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            if all(fleet.started(p.worker) or not p.worker.alive() for p in live):
+                break
+            await anyio.sleep(0.1)
+        for proc in live:
+            if not proc.worker.alive():
+                proc.fate = DIED
+                proc.end_ns = now_ns()
+                proc.problem = f"exited on its own with status {proc.worker.returncode}"
+            elif not fleet.started(proc.worker):
+                proc.problem = "had not started 30 s after it was spawned"
+        live = [p for p in live if p.fate == RUNNING]
+        stragglers = set(await self._thread(self.fleet.stop_all, 30.0))
+        end = now_ns()
+        for proc in live:
+            proc.fate = FINAL
+            proc.end_ns = end
+            code = proc.worker.returncode
+            if proc.name in stragglers:
+                proc.problem = "did not stop within 30 s of SIGTERM at the end (SIGKILLed)"
+            elif code != 0:
+                proc.problem = f"exited with status {code} at the final graceful stop"
+        self.say(f"fleet stopped ({len(live)} workers)")
+
+    # -- checks ----------------------------------------------------------------------------
+
+    async def check_and_report(self) -> int:
+        state = await self.collect()
+        report = build_report(self, state)
+        print(report.text, flush=True)
+        return 0 if report.passed else 1
+
+    async def collect(self) -> State:
+        assert self.producer is not None
+        raw = await self._side.lrange(EVENTS_KEY, 0, -1)
+        history = parse(r.decode() for r in raw)
+        history.resolve(
+            {p.name: p.end_ns for p in self.procs if p.end_ns is not None}, fallback_end_ns=now_ns()
+        )
+        self.records = [r.decode() for r in raw]
+        c = self._check
+        dlq = await c.xrange(self.keys.dead_letters)
+        in_stream: dict[str, set[str]] = {}
+        data_pending: dict[str, int] = {}
+        pending_detail: dict[str, str] = {}
+        no_retention: list[str] = []
+        for name in self.producer.streams:
+            entries = await c.xrange(name)
+            in_stream[name] = {_s(i) for i, f in entries if b"_eos" not in f}
+            if int(await c.pttl(name)) == -1:
+                no_retention.append(name)
+            try:
+                data_pending[name] = int((await c.xpending(name, self.service))["pending"])
+            except Exception:
+                data_pending[name] = 0  # no group: never acquired (counted as lost anyway)
+            if data_pending[name]:
+                rows = await c.xpending_range(name, self.service, "-", "+", 1000)
+                by_consumer = Counter(_s(r["consumer"]) for r in rows)
+                ids = [_s(r["message_id"]) for r in rows]
+                pending_detail[name] = (
+                    f"{', '.join(f'{k}: {v}' for k, v in by_consumer.items())}; "
+                    f"ids {ids[0]} .. {ids[-1]}"
+                )
+        return State(
+            history=history,
+            dlq=[(_s(i), {_s(k): _s(v) for k, v in f.items()}) for i, f in dlq],
+            in_stream=in_stream,
+            data_pending=data_pending,
+            lbs_len=int(await c.xlen(self.keys.assignments)),
+            lbs_pending=int((await c.xpending(self.keys.assignments, self.service))["pending"]),
+            leases=int(await c.zcard(self.keys.leases)),
+            active=int(await c.hlen(self.keys.active)),
+            locks=await self._thread(self.store.keys_matching, self.keys.lock_pattern),
+            pending_detail=pending_detail,
+            no_retention=no_retention,
+        )
+
+    def keep_logs(self) -> None:
+        dest = self.s.keep_logs
+        if dest is None or self.fleet is None:
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        for proc in self.procs:
+            with contextlib.suppress(OSError):
+                shutil.copy(proc.worker.log, dest / f"{proc.name}.log")
+        (dest / "store.log").write_text(self.store.log_tails(100_000))
+        (dest / "faults.log").write_text("\n".join(self.fault_log) + "\n")
+        (dest / "records.txt").write_text("\n".join(self.records) + "\n")
+
+
+def _s(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class State:
+    """What the checks read at the end."""
+
+    history: History
+    dlq: list[tuple[str, dict[str, str]]]
+    in_stream: dict[str, set[str]]
+    data_pending: dict[str, int]
+    lbs_len: int
+    lbs_pending: int
+    leases: int
+    active: int  # fields of the active-assignment index (add_stream's dedupe)
+    locks: list[str]
+    pending_detail: dict[str, str]  # stream -> pending entries by consumer
+    no_retention: list[str]  # streams without a TTL (finished_stream_ttl_s not applied)
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    text: str
+    passed: bool
+
+
+def describe_stream(history: History, stream: str) -> list[str]:
+    """One line per ownership episode of ``stream``: who, when, how many calls, how it ended."""
+    out = []
+    for ep in sorted(
+        (e for e in history.episodes.values() if e.stream == stream), key=lambda e: e.begin_ns
+    ):
+        last = ep.calls[-1].describe() if ep.calls else "no calls"
+        ok = sum(1 for c in ep.calls if c.status == "ok")
+        flags = ", ".join(f for f, on in (("lost", ep.lost), ("ended", ep.ended)) if on) or "-"
+        out.append(
+            f"episode {ep.id} began {time.strftime('%H:%M:%S', time.localtime(ep.begin_ns / 1e9))}"
+            f".{ep.begin_ns // 1_000_000 % 1000:03d}: {len(ep.calls)} calls ({ok} ok), "
+            f"hooks: {flags}; last: {last}"
+        )
+    return out
+
+
+def _log_errors(worker: Worker) -> list[str]:
+    lines = worker.output().splitlines()
+    return [ln for ln in lines if " ERROR " in ln or ln.startswith("Traceback")]
+
+
+def build_report(soak: Soak, st: State) -> Report:
+    s = soak.s
+    prod = soak.producer
+    assert prod is not None
+    lbs = soak.keys.assignments
+    failures: list[str] = []
+    failed: list[str] = []  # the categories of the failed checks (summary line)
+    relevant: set[str] = set()
+    lines: list[str] = []
+
+    # Produced: what the producer wrote (each exactly once), and what the streams hold.
+    acked = {(name, eid) for name, p in prod.streams.items() for eid, _, _ in p.entries}
+    kinds = {(name, eid): kind for name, p in prod.streams.items() for eid, _, kind in p.entries}
+    present = {(name, eid) for name, ids in st.in_stream.items() for eid in ids}
+    expected = acked | present
+    vanished = acked - present
+    extra = present - acked
+
+    handled = st.history.handled()
+    distinct_handled = {k for k in handled if k in expected}
+    duplicates = sum(n - 1 for n in handled.values() if n > 1)
+    duplicated_entries = sum(1 for n in handled.values() if n > 1)
+    unknown_handled = set(handled) - expected
+
+    reasons: Counter[str] = Counter()
+    dead_entries: Counter[tuple[str, str]] = Counter()
+    abandoned: dict[str, str] = {}
+    for _, fields in st.dlq:
+        reason = fields.get("_dlq_reason", "?")
+        reasons[reason] += 1
+        source = fields.get("_source_stream", "")
+        if source == lbs:
+            abandoned[fields.get("stream", "?")] = reason
+        else:
+            dead_entries[(source, fields.get("_source_id", ""))] += 1
+    duplicate_dead_letters = sum(n - 1 for n in dead_entries.values() if n > 1)
+    non_poison_dead = [k for k in dead_entries if kinds.get(k) != "poison"]
+    abandoned_entries = (
+        {k for k in expected if k[0] in abandoned} - set(handled) - set(dead_entries)
+    )
+    lost = sorted(
+        k for k in expected if k not in handled and k not in dead_entries and k[0] not in abandoned
+    )
+    poison_total = sum(1 for k in expected if kinds.get(k) == "poison")
+    flaky_total = sum(1 for k in expected if kinds.get(k) == "flaky")
+
+    exclusive: ExclusiveReport = check_exclusive(st.history, {p.name: p.stops for p in soak.procs})
+    order = check_order(st.history)
+    rerun = restarted_after_finish(st.history)
+
+    # -- checks --
+    if soak.producer_error:
+        failures.append(f"the producer gave up: {soak.producer_error}")
+        failed.append("producer")
+    if soak.drain_problem:
+        failures.append(soak.drain_problem)
+        failed.append("drain")
+    if lost:
+        failed.append("lost")
+        failures.append(
+            f"{len(lost)} entries lost (produced, neither handled nor dead-lettered): "
+            + ", ".join(f"{a} {b}" for a, b in lost[:10])
+            + (" ..." if len(lost) > 10 else "")
+        )
+        lost_vanished = [k for k in lost if k in vanished]
+        if lost_vanished:
+            failures.append(
+                f"  of which {len(lost_vanished)} are missing from their stream in Redis "
+                "(acknowledged to the producer, then gone: a write lost by the server)"
+            )
+    if exclusive.violations:
+        failed.append("exclusive")
+        failures.append(
+            f"{exclusive.violations} exclusive-ownership violations (stale calls "
+            f"{len(exclusive.stale_calls)}, "
+            f"unexcused overlaps {len(exclusive.unexcused_overlaps)}, "
+            f"overlaps within one episode {len(exclusive.same_episode_overlaps)})"
+        )
+        for text in (
+            exclusive.stale_calls + exclusive.unexcused_overlaps + exclusive.same_episode_overlaps
+        )[:10]:
+            failures.append(f"  {text}")
+        relevant |= exclusive.offenders
+    if rerun:
+        failed.append("rerun_finished")
+        failures.append(
+            f"{len(rerun)} streams were started again after they had finished (a second "
+            "job for a finished stream: it waits for entries forever)"
+        )
+        for name, lines_ in list(rerun.items())[:5]:
+            failures.append(f"  {name}: {'; '.join(lines_)}")
+            failures.extend(f"    {line}" for line in describe_stream(st.history, name))
+            relevant |= {ep.consumer for ep in st.history.episodes.values() if ep.stream == name}
+    if order:
+        failed.append("order")
+        failures.append(f"{len(order)} order violations within an episode")
+        failures.extend(f"  {t}" for t in order[:5])
+    if non_poison_dead:
+        failed.append("dead_letters")
+        failures.append(
+            f"{len(non_poison_dead)} entries dead-lettered that are not poison (only poison "
+            "entries fail every attempt): " + ", ".join(f"{a} {b}" for a, b in non_poison_dead[:5])
+        )
+    if unknown_handled:
+        failed.append("unknown_entries")
+        failures.append(f"{len(unknown_handled)} handled entries were never produced")
+    if st.history.unmatched_exits:
+        failed.append("records")
+        failures.append(f"{st.history.unmatched_exits} exit records without an enter record")
+    leftovers = []
+    if st.locks:
+        leftovers.append(f"{len(st.locks)} lock keys ({', '.join(st.locks[:5])})")
+    if st.lbs_len:
+        leftovers.append(f"{st.lbs_len} assignments left in the assignment stream")
+    if st.lbs_pending:
+        leftovers.append(f"{st.lbs_pending} pending assignments")
+    if st.leases:
+        leftovers.append(f"{st.leases} lease members")
+    if st.active:
+        leftovers.append(f"{st.active} active-assignment index entries")
+    pending_streams = {n: c for n, c in st.data_pending.items() if c and n not in abandoned}
+    if pending_streams:
+        leftovers.append(
+            f"pending entries in {len(pending_streams)} data streams "
+            f"({', '.join(f'{n}={c}' for n, c in list(pending_streams.items())[:5])})"
+        )
+    no_retention = [n for n in st.no_retention if n not in abandoned]
+    if no_retention:
+        leftovers.append(
+            f"{len(no_retention)} finished data streams without their retention TTL "
+            f"({', '.join(no_retention[:5])})"
+        )
+    if st.locks or st.lbs_len or st.lbs_pending or st.leases or st.active:
+        failed.append("left_behind_keys")
+    if pending_streams or no_retention:
+        # Data streams of finished assignments keep pending entries or lack their
+        # retention TTL: the release after finish never ran (see README.md).
+        failed.append("left_behind_data")
+    if leftovers:
+        failures.append("left behind: " + "; ".join(leftovers))
+        for name in list(pending_streams)[:5]:
+            failures.append(f"  {name}: pending {st.pending_detail.get(name, '?')}")
+            failures.extend(f"    {line}" for line in describe_stream(st.history, name))
+            relevant |= {ep.consumer for ep in st.history.episodes.values() if ep.stream == name}
+    for proc in soak.procs:
+        if proc.problem:
+            failures.append(f"worker {proc.name}: {proc.problem}")
+            relevant.add(proc.name)
+            if "processes" not in failed:
+                failed.append("processes")
+    if soak.infra_errors:
+        failed.append("infrastructure")
+        failures.extend(f"soak infrastructure: {e}" for e in soak.infra_errors)
+
+    # -- figures --
+    fault_text = " ".join(f"{k}={soak.faults.get(k, 0)}" for k in s.faults)
+    reason_text = ", ".join(f"{r}={n}" for r, n in sorted(reasons.items())) or "none"
+    calls = len(st.history.calls)
+    statuses = Counter(c.status or "no exit" for c in st.history.calls)
+    fates = Counter(p.fate for p in soak.procs)
+    log_errors = {p.name: _log_errors(p.worker) for p in soak.procs}
+    error_lines = sum(len(v) for v in log_errors.values())
+    passed = not failures
+    lines.append("")
+    lines.append(f"== soak report: target={s.target} seed={s.seed} duration={s.duration_s:g}s ==")
+    lines.append(
+        f"streams            {len(prod.streams)} (entries per stream {s.entries_per_stream})"
+    )
+    lines.append(
+        f"entries produced   {len(expected)} (poison {poison_total}, flaky {flaky_total}; "
+        f"producer write errors {sum(prod.errors.values())}"
+        + (f": {dict(prod.errors)}" if prod.errors else "")
+        + f", confirmed after an error {prod.confirmed_after_error})"
+    )
+    lines.append(
+        f"entries handled    {len(distinct_handled)} distinct; handle() calls {calls} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))})"
+    )
+    lines.append(
+        f"duplicates         {duplicates} (entries handled more than once: {duplicated_entries})"
+    )
+    lines.append(
+        f"dead letters       {len(st.dlq)}: {reason_text}"
+        + (f" (duplicate dead letters {duplicate_dead_letters})" if duplicate_dead_letters else "")
+        + (
+            f"; streams abandoned by recovery {len(abandoned)} ({len(abandoned_entries)} entries)"
+            if abandoned
+            else ""
+        )
+    )
+    lines.append(
+        f"faults             {fault_text} (total {sum(soak.faults.values())}; "
+        f"connections dropped {soak.dropped_connections}"
+        + (
+            f"; failovers {', '.join(f'{x:.1f}s' for x in soak.failover_s)}"
+            if soak.failover_s
+            else ""
+        )
+        + ")"
+    )
+    lines.append(f"lost               {len(lost)}")
+    if vanished or extra:
+        lines.append(
+            f"redis anomalies    vanished writes {len(vanished)}, unknown entries {len(extra)}"
+        )
+    lines.append(
+        f"exclusive owner    violations {exclusive.violations}; excused: "
+        f"{len(exclusive.excused_calls)} in-flight calls of disowned consumers, overlapping "
+        f"{exclusive.excused_overlaps} calls of later owners"
+    )
+    lines.append(f"order              violations {len(order)}")
+    lines.append(f"finished streams   started again {len(rerun)}")
+    lines.append(
+        f"left behind        locks {len(st.locks)}, queued assignments {st.lbs_len}, pending "
+        f"assignments {st.lbs_pending}, lease members {st.leases}, active index entries "
+        f"{st.active}, data streams with pending "
+        f"entries {len(pending_streams)}, finished streams without retention {len(no_retention)}"
+    )
+    lines.append(
+        f"processes          {len(soak.procs)} workers: "
+        + ", ".join(f"{fate} {n}" for fate, n in sorted(fates.items()))
+        + f"; ERROR/Traceback log lines {error_lines}"
+    )
+    if soak.drain_s is not None:
+        lines.append(f"drain              {soak.drain_s:.1f}s after production stopped")
+    if error_lines:
+        lines.append("worker log errors (first of each worker):")
+        for name, errs in log_errors.items():
+            if errs:
+                lines.append(f"  {name}: {len(errs)} lines, first: {errs[0][:200]}")
+    if not passed:
+        lines.append("")
+        lines.append("FAILED CHECKS:")
+        lines.extend(f"- {f}" for f in failures)
+        if not relevant:
+            relevant = {n for n, errs in log_errors.items() if errs}
+        if not relevant:  # nothing points at a worker: show the last fleet
+            relevant = {p.name for p in soak.procs if p.fate == FINAL}
+        for proc in soak.procs:
+            if proc.name in relevant:
+                lines.append(
+                    f"--- log tail of {proc.name} ({proc.fate}, exit {proc.worker.returncode}) ---"
+                )
+                lines.append(proc.worker.log_tail(_LOG_TAIL_LINES))
+        if soak.drain_problem or soak.infra_errors:
+            lines.append(soak.store.log_tails(15))
+        lines.append("fault log:")
+        lines.extend(f"  {t}" for t in soak.fault_log)
+    lines.append(
+        f"summary: target={s.target} seed={s.seed} streams={len(prod.streams)} "
+        f"entries={len(expected)} handled={len(distinct_handled)} duplicates={duplicates} "
+        f"dead_letters={len(st.dlq)} lost={len(lost)} overlaps={exclusive.violations} "
+        f"faults={sum(soak.faults.values())} result={'PASS' if passed else 'FAIL'}"
+        + (f" failed={','.join(failed)}" if failed else "")
+    )
+    return Report("\n".join(lines), passed)
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+async def _run(settings: Settings, stack: contextlib.ExitStack) -> int:
+    soak = Soak(settings, stack)
+    interrupted = False
+    code = 1
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def watch_signals() -> None:
+                nonlocal interrupted
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        interrupted = True
+                        print(f"\n{signal.Signals(signum).name}: stopping", flush=True)
+                        tg.cancel_scope.cancel()
+                        return
+
+            async def main() -> None:
+                nonlocal code
+                try:
+                    code = await soak.execute()
+                except Exception as exc:
+                    print(f"soak: error: {type(exc).__name__}: {exc}", flush=True)
+                    traceback.print_exc()
+                    for proc in soak.procs:
+                        print(f"--- log tail of {proc.name} ---\n{proc.worker.log_tail(20)}")
+                    code = 1
+                finally:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_signals)
+            tg.start_soon(main)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await soak.close_clients()
+        soak.keep_logs()
+    if interrupted:
+        print("interrupted: every process this run started is being stopped", flush=True)
+        return _EXIT_INTERRUPTED
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        try:
+            return anyio.run(_run, settings, stack)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return _EXIT_INTERRUPTED
+        finally:
+            # The ExitStack stops the fleet, the data store and the side server (in that
+            # order) and removes their directories, whatever happened above.
+            print("cleaning up: stopping workers and servers", flush=True)
