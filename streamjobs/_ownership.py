@@ -136,6 +136,15 @@ class Host(Protocol):
         """Run ``fn`` in the background, outliving the stream's own task."""
 
 
+def _id_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair ((0, 0) if it is not one)."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
 class Outcome(enum.Enum):
     FINISHED = "finished"
     SETTLED = "settled"  # dead-lettered, or re-queued with a retry: nothing left to do
@@ -162,8 +171,10 @@ class OwnedStream:
         self._ending = False
         self._eos: list[str] = []
         self._completed = False  # a finish call of ours deleted the assignment
+        self._sealed = False  # the final acks and the retention are written
         self.unusable: Exception | None = None  # a permanent error about the data stream
         self.contended = False  # its lock stayed someone else's for a heartbeat interval
+        self.stale = False  # the assignment was no longer ours when we came to it
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
@@ -232,6 +243,8 @@ class OwnedStream:
                     outcome = await self._dead_letter_assignment(self.unusable)
                 elif self.contended:
                     outcome = await self._give_back_contended()
+                elif self.stale:
+                    outcome = Outcome.SETTLED
         finally:
             with anyio.CancelScope(shield=True):
                 await self._settle(outcome)
@@ -247,6 +260,8 @@ class OwnedStream:
     async def _acquire(self) -> bool:
         """Take the lock; False (to hand the assignment back) if someone holds it."""
         host, cfg = self.host, self.host.config
+        if not await self._still_assigned():
+            return False
         backoff = Backoff(base_s=0.05, cap_s=cfg.heartbeat_s)
         give_up_at = time.monotonic() + cfg.heartbeat_s
         while not host.draining:
@@ -273,6 +288,32 @@ class OwnedStream:
             await anyio.sleep(backoff.next_delay())
         return False
 
+    async def _still_assigned(self) -> bool:
+        """False if the assignment is no longer pending with this consumer.
+
+        A consumer stalled between reading an assignment and taking its lock (a GC
+        pause, a frozen VM) may find that recovery re-queued it meanwhile, and that
+        another consumer ran the copy: taking the lock now would run a finished job
+        again. If Redis cannot say, the job goes on: a stream whose end was already
+        handled is recognised after the first read (see ``_process``).
+        """
+        host = self.host
+        try:
+            owner = await host.gateway.pending_owner(self.assignment.id)
+        except Exception as exc:
+            log_failure(log, f"stream {self.stream!r}: checking its assignment", exc, 0.0)
+            return True
+        if owner == host.name:
+            return True
+        log.warning(
+            "assignment %s of stream %r was re-queued or finished while this consumer "
+            "was stalled: dropping it",
+            self.assignment.id,
+            self.stream,
+        )
+        self.stale = True
+        return False
+
     async def _record_lease(self) -> None:
         host = self.host
         try:
@@ -289,10 +330,7 @@ class OwnedStream:
         """Hand the stream's entries to ``handle()`` until it ends, is lost or we stop."""
         host = self.host
         stream = self.stream
-        try:
-            await host.hooks.on_stream_start(stream, self.assignment.info)
-        except Exception:
-            log.exception("on_stream_start(%r) raised; continuing", stream)
+        begun = False  # on_stream_start called
         backoff = Backoff()
         batch_size = host.config.read_batch_size
         timeout_s = host.config.handler_timeout_s
@@ -322,6 +360,14 @@ class OwnedStream:
                 self.mark_lost()
                 return Outcome.LOST
             self.to_ack = []
+            if not begun:
+                if not batch and await self._already_finished(top):
+                    return await self._complete_silently()
+                begun = True
+                try:
+                    await host.hooks.on_stream_start(stream, self.assignment.info)
+                except Exception:
+                    log.exception("on_stream_start(%r) raised; continuing", stream)
             if not batch:
                 await self._wait_for_entries(top)
                 continue
@@ -507,6 +553,40 @@ class OwnedStream:
             log.exception("on_stream_end(%r) raised", self.stream)
         return Outcome.FINISHED
 
+    async def _already_finished(self, top: str) -> bool:
+        """True if the stream's newest entry is this job's end marker, already handled.
+
+        Nothing was left to read, so the marker was delivered and acked by an earlier
+        owner, which then died (or its lock expired) before completing the assignment;
+        or this assignment is a stale duplicate of one that finished. Either way the
+        job is done: running it again would wait forever for entries. A marker older
+        than the job's first submission belongs to an earlier job of a reused name:
+        the new job's entries are still to come.
+        """
+        if top == "0-0" or _id_order(top) < _id_order(self.assignment.first_id):
+            return False
+        try:
+            return await self.host.gateway.is_end_marker(self.stream, top)
+        except Exception as exc:
+            log_failure(log, f"stream {self.stream!r}: reading its newest entry", exc, 0.0)
+            return False
+
+    async def _complete_silently(self) -> Outcome:
+        """Complete an assignment whose stream was already handled to its end.
+
+        No hook is called: the stream's work was done (and reported) before. The
+        completion gives the stream back its retention, which acquiring it cleared.
+        """
+        log.info("stream %r was already handled to its end: completing its assignment", self.stream)
+        self._ending = True
+        try:
+            await self._complete()
+        except Exception as exc:
+            log_failure(log, f"stream {self.stream!r}: completing", exc, 0.0)
+            return Outcome.STOPPED  # handed back; the next owner finds the same
+        self.host.disown(self)
+        return Outcome.SETTLED
+
     async def _vanished(self, exc: NoSuchGroup) -> Outcome:
         """The data stream (or its group) was deleted or expired while we owned it.
 
@@ -583,12 +663,20 @@ class OwnedStream:
         return Outcome.SETTLED
 
     async def _complete(self) -> bool:
-        """One attempt at completing: finish the assignment, then release with retention.
+        """One attempt at completing; every step is safe to repeat.
 
-        Both scripts are safe to repeat. ``finish`` answers False when the assignment
-        is no longer pending: after an earlier attempt of ours whose reply was lost
-        (then ``_completed`` or the release tells), or after a recoverer re-queued it
-        because our lock expired (then the release's token check refuses too).
+        1. Seal (fenced, lock held): ack the last handled entries and the end marker,
+           set the retention. Refused: the lock is lost, nothing was acked, and the
+           next owner handles the rest again (at-least-once).
+        2. Finish the assignment (ack + delete it): from here recovery leaves it alone.
+        3. Release the lock (and delete the stream, with a retention of 0).
+
+        If the owner dies between 1 and 2, the assignment is recovered and its next
+        owner finds the end marker handled and only completes it; between 2 and 3,
+        the lock expires by itself and the stream already has its retention.
+        ``finish`` answers False when the assignment is no longer pending: after an
+        earlier attempt of ours whose reply was lost (``_completed`` tells), or after
+        a recoverer re-queued it (the release's token check then refuses too).
 
         Returns:
             True if the stream is finished, False if it was lost.
@@ -597,14 +685,26 @@ class OwnedStream:
             RedisUnavailable, RedisCommandError: try again.
         """
         host = self.host
+        retention_ms = self._retention_ms()
+        if not self._sealed:
+            if not await host.gateway.seal(
+                self.stream, self.token, retention_ms, [*self.to_ack, *self._eos]
+            ):
+                return self._completed
+            self._sealed = True
+            self.to_ack, self._eos = [], []
         if await host.gateway.finish(self.assignment.id):
             self._completed = True
+        # The retention was set by the seal; only "delete at once" is left to do.
         released = await host.gateway.release(
-            self.stream, self.token, self._retention_ms(), [*self.to_ack, *self._eos]
+            self.stream, self.token, 0 if retention_ms == 0 else -1
         )
-        if released:
-            self.to_ack, self._eos = [], []
         return self._completed or released
+
+    def _retention_ms(self) -> int:
+        """What completing does to a finished data stream: -1 keep, 0 delete, >0 PEXPIRE."""
+        ttl_s = self.host.config.finished_stream_ttl_s
+        return -1 if ttl_s is None else math.ceil(ttl_s * 1000)
 
     async def _report_lost(self) -> None:
         with anyio.move_on_after(CLEANUP_TIMEOUT_S):
@@ -625,11 +725,6 @@ class OwnedStream:
                 await self._complete_on_exit()
             else:
                 await self._hand_back()
-
-    def _retention_ms(self) -> int:
-        """What the release does to a finished data stream: -1 keep, 0 delete, >0 PEXPIRE."""
-        ttl_s = self.host.config.finished_stream_ttl_s
-        return -1 if ttl_s is None else math.ceil(ttl_s * 1000)
 
     async def _complete_on_exit(self) -> None:
         """A stream that reached its end when shutdown or cancellation came: complete it.
@@ -671,10 +766,7 @@ class OwnedStream:
                     self.mark_lost()
                     return
             await gw.requeue(self.assignment.id, None)
-            # A stream completed by an earlier attempt keeps its retention.
-            await gw.release(
-                self.stream, self.token, self._retention_ms() if self._completed else -1
-            )
+            await gw.release(self.stream, self.token, -1)
         except Exception as exc:
             log_failure(
                 log, f"could not hand back stream {self.stream!r}: it will be recovered", exc, 0.0

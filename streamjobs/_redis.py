@@ -33,7 +33,7 @@ from redis import exceptions as rex
 from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
 from ._scripts import MAX_COPY_VALUES, Scripts
-from ._wire import RETRY_FIELD, STREAM_FIELD
+from ._wire import FIRST_ID_FIELD, RETRY_FIELD, STREAM_FIELD, is_eos
 from .exceptions import (
     ConfigurationError,
     NoSuchGroup,
@@ -228,6 +228,10 @@ class StreamGateway(Protocol):
         self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
     ) -> bool: ...
     async def lock_exists(self, stream: str) -> bool: ...
+    async def is_end_marker(self, stream: str, entry_id: str) -> bool: ...
+    async def seal(
+        self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
+    ) -> bool: ...
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]: ...
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]: ...
 
@@ -410,6 +414,7 @@ class Gateway:
                 "" if retry_count is None else str(retry_count),
                 self.max_copy_values,
                 STREAM_FIELD,
+                FIRST_ID_FIELD,
             ],
         )
         return None if r is None else text(r)
@@ -572,6 +577,22 @@ class Gateway:
             keys=[self.keys.lock(stream), stream], args=[token, self.keys.group, keep_ms, *ack]
         )
         return int(r) == 1
+
+    @script
+    async def seal(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
+        """Fenced final acks and retention of a finishing stream; the lock stays held."""
+        r = await self.scripts.seal(
+            keys=[self.keys.lock(stream), stream], args=[token, self.keys.group, keep_ms, *ack]
+        )
+        return int(r) == 1
+
+    @translated
+    async def is_end_marker(self, stream: str, entry_id: str) -> bool:
+        """True if entry ``entry_id`` of ``stream`` is the end-of-stream marker."""
+        reply = await self.client.xrange(stream, entry_id, entry_id, count=1)
+        if not reply:
+            return False
+        return is_eos({text(k): text(v) for k, v in (reply[0][1] or {}).items()})
 
     @translated
     async def lock_exists(self, stream: str) -> bool:

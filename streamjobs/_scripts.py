@@ -34,6 +34,7 @@ NAMES = (
     "lease",
     "sweep",
     "prune_consumers",
+    "seal",
 )
 
 
@@ -59,3 +60,4 @@ class Scripts:
         self.lease = client.register_script(source("lease"))
         self.sweep = client.register_script(source("sweep"))
         self.prune_consumers = client.register_script(source("prune_consumers"))
+        self.seal = client.register_script(source("seal"))

@@ -22,6 +22,8 @@ from .exceptions import InvalidAssignment, InvalidStreamName
 STREAM_FIELD = "stream"
 INFO_FIELD = "info"
 RETRY_FIELD = "_retry_count"
+FIRST_ID_FIELD = "_first_id"
+"""Written by re-queues: the id of the job's first submission."""
 GO_FIELD = "lbs-input"
 EOS_FIELD = "_eos"
 EOS_VALUE = "1"
@@ -35,6 +37,8 @@ class Assignment:
     stream: str
     info: Mapping[str, Any]
     retry_count: int
+    first_id: str = ""
+    """Id of the job's first submission (this entry's own id unless re-queued)."""
 
 
 def _text(value: bytes | str, what: str) -> str:
@@ -122,7 +126,11 @@ def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) 
             keys.check_data_stream(stream)
     except InvalidStreamName as exc:
         raise InvalidAssignment(str(exc)) from None
-    return Assignment(id=entry_id, stream=stream, info=info, retry_count=retry_count)
+    raw_first = fields.get(FIRST_ID_FIELD)
+    first_id = entry_id if raw_first is None else _text(raw_first, FIRST_ID_FIELD)
+    return Assignment(
+        id=entry_id, stream=stream, info=info, retry_count=retry_count, first_id=first_id
+    )
 
 
 def build_fields(stream: str, info: Mapping[str, Any] | None) -> dict[str, str]:

@@ -13,6 +13,9 @@
 -- ARGV[4]  new retry count ('' keeps the entry's own value: graceful hand-back)
 -- ARGV[5]  the most field names and values one XADD may carry
 -- ARGV[6]  name of the field holding the data stream's name
+-- ARGV[7]  name of the field that keeps the id of the first submission: the copy gets
+--          it if the original has none (a new job's entries are newer than it; see
+--          docs/design.md#finishing-and-hand-back)
 -- Returns the new entry id, or false if the entry was not pending / no longer exists.
 -- The lease is forgotten either way: an entry that is not pending under this id has
 -- no live lease under it.
@@ -29,10 +32,14 @@ if #found > 0 then
   local src = found[1][2]
   out = {}
   local seen = false
+  local first_seen = false
   for i = 1, #src, 2 do
     out[#out + 1] = src[i]
     if src[i] == ARGV[6] then
       name = src[i + 1]
+    end
+    if src[i] == ARGV[7] then
+      first_seen = true
     end
     if src[i] == ARGV[3] and ARGV[4] ~= '' then
       seen = true
@@ -44,6 +51,10 @@ if #found > 0 then
   if not seen and ARGV[4] ~= '' then
     out[#out + 1] = ARGV[3]
     out[#out + 1] = ARGV[4]
+  end
+  if not first_seen then
+    out[#out + 1] = ARGV[7]
+    out[#out + 1] = ARGV[2]
   end
   if #out > tonumber(ARGV[5]) then
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)

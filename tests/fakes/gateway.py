@@ -39,7 +39,15 @@ import anyio.lowlevel
 from streamjobs._deadletter import DEAD_AT_FIELD, Pairs
 from streamjobs._keys import Keys
 from streamjobs._redis import Entry, Pending, RawFields, text
-from streamjobs._wire import EOS_FIELD, EOS_VALUE, RETRY_FIELD, STREAM_FIELD, build_fields
+from streamjobs._wire import (
+    EOS_FIELD,
+    EOS_VALUE,
+    FIRST_ID_FIELD,
+    RETRY_FIELD,
+    STREAM_FIELD,
+    build_fields,
+    is_eos,
+)
 from streamjobs.exceptions import NoSuchGroup, RedisUnavailable
 
 StreamId = tuple[int, int]
@@ -66,6 +74,8 @@ METHODS = frozenset(
         "lock_exists",
         "sweep_leases",
         "prune_consumers",
+        "is_end_marker",
+        "seal",
     }
 )
 """Every method of the ``StreamGateway`` protocol (names :meth:`gate` and :meth:`fail` accept)."""
@@ -547,6 +557,7 @@ class FakeGateway:
         out = dict(src)  # same field order; the retry field keeps its place
         if retry_count is not None:
             out[RETRY_FIELD] = str(retry_count)
+        out.setdefault(FIRST_ID_FIELD, assignment_id)
         new_id = self._xadd_lbs(out)
         self._lbs.entries.pop(assignment_id, None)
         if name is not None:
@@ -712,11 +723,33 @@ class FakeGateway:
         await self._leave("release")
         return released
 
+    async def seal(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
+        """seal.lua: token check; XACK ``ack``; PEXPIRE the stream if ``keep_ms`` > 0."""
+        await self._enter("seal", stream, token, keep_ms, tuple(ack))
+        lock = self._live_lock(self.keys.lock(stream))
+        sealed = lock is not None and lock.token == token
+        if sealed:
+            s = self._data_stream(stream)
+            if s is not None and s.group is not None:
+                for entry_id in ack:
+                    s.group.pel.pop(entry_id, None)
+            if keep_ms > 0 and s is not None:
+                s.expires_at_ms = self.clock() + keep_ms
+        await self._leave("seal")
+        return sealed
+
     async def lock_exists(self, stream: str) -> bool:
         await self._enter("lock_exists", stream)
         exists = self._live_lock(self.keys.lock(stream)) is not None
         await self._leave("lock_exists")
         return exists
+
+    async def is_end_marker(self, stream: str, entry_id: str) -> bool:
+        await self._enter("is_end_marker", stream, entry_id)
+        s = self._data_stream(stream)
+        fields = None if s is None else s.entries.get(entry_id)
+        await self._leave("is_end_marker")
+        return fields is not None and is_eos({k: str(v) for k, v in fields.items()})
 
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
         """sweep.lua: members due before now + horizon (by score, then member), pushed

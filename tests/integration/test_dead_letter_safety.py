@@ -355,15 +355,16 @@ async def test_the_largest_assignment_that_is_requeued_field_by_field(
 
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    # A re-queue copies every field and adds _retry_count.
-    largest = MAX_COPY_VALUES // 2 - 1
+    # A re-queue copies every field and adds _retry_count and _first_id.
+    largest = MAX_COPY_VALUES // 2 - 2
     fields = wide(largest, stream=f"d:{uid}", info="{}")
     aid = await strand(redis, keys, fields)
     new_id = await gw.requeue(aid, 1)
     assert new_id is not None
     [(_, copy)] = list(await redis.xrange(keys.assignments) or [])
-    assert len(copy) == largest + 1
+    assert len(copy) == largest + 2
     assert copy[b"_retry_count"] == b"1"
+    assert copy[b"_first_id"] == aid.encode()
     await redis.delete(keys.assignments)
 
     aid = await strand(redis, keys, wide(largest + 1, stream=f"d:{uid}", info="{}"))

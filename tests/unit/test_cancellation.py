@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from streamjobs import Message
-from streamjobs._wire import RETRY_FIELD
+from streamjobs._wire import FIRST_ID_FIELD, RETRY_FIELD
 from tests.fakes.gateway import FakeGateway, Gate, ManualClock
 from tests.fakes.runtime import (
     FAST,
@@ -63,7 +63,12 @@ def check_left_clean(fake: FakeGateway, assignment: str, stream: str = "s1") -> 
         return "finished"
     [(new_id, fields)] = fake.lbs_entries
     assert new_id != assignment
-    assert fields == {"stream": stream, "info": f'{{"job":"{stream}"}}', RETRY_FIELD: RETRY_COUNT}
+    assert fields == {
+        "stream": stream,
+        "info": f'{{"job":"{stream}"}}',
+        RETRY_FIELD: RETRY_COUNT,
+        FIRST_ID_FIELD: assignment,  # a re-queued copy remembers the first submission
+    }
     assert fake.lbs_undelivered == [new_id]
     return "requeued"
 

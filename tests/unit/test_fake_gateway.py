@@ -14,7 +14,7 @@ import pytest
 from streamjobs._deadletter import DEAD_AT_FIELD
 from streamjobs._keys import Keys
 from streamjobs._redis import Pending, StreamGateway
-from streamjobs._wire import RETRY_FIELD
+from streamjobs._wire import FIRST_ID_FIELD, RETRY_FIELD
 from streamjobs.exceptions import InvalidStreamName, NoSuchGroup, RedisUnavailable
 from tests.fakes.gateway import METHODS, FakeGateway, ManualClock
 
@@ -135,8 +135,8 @@ async def test_requeue(fake: FakeGateway) -> None:
     n2 = await fake.requeue(a2, 2)
     assert n2 is not None
     assert fake.lbs_entries == [
-        (n1, {"stream": "d1", "info": "{}", "x": "y"}),
-        (n2, {"stream": "d2", "info": "{}", RETRY_FIELD: "2"}),
+        (n1, {"stream": "d1", "info": "{}", "x": "y", FIRST_ID_FIELD: a1}),
+        (n2, {"stream": "d2", "info": "{}", RETRY_FIELD: "2", FIRST_ID_FIELD: a2}),
     ]
     assert fake.leases == {}
     assert fake.lbs_pending == {}

@@ -302,3 +302,53 @@ async def test_a_heartbeat_succeeds_in_part_when_one_node_is_away(fake: FakeGate
             await eventually(lambda: len(hooks.handled_ids("s1")) == 2, "s1 to resume")
     assert hooks.lost == []
     assert StreamEvent.LOST not in metrics.events
+
+
+async def test_an_assignment_recovered_while_its_reader_stalled_is_dropped(
+    fake: FakeGateway,
+) -> None:
+    first = fake.add_assignment("s1")
+    ids = fake.append_many("s1", 2)
+    fake.close("s1")
+    gate = fake.gate("pending_owner")  # c1 read the assignment, then froze
+    hooks = RecordingHooks()
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(make_runtime(fake, hooks)):
+            await gate.entered.wait()
+            assert await fake.requeue(first, 1) is not None  # the scan re-queued it
+            gate.release()
+            await eventually(lambda: hooks.ended == ["s1"], "the copy to finish")
+            await eventually(lambda: fake.locks == {}, "every lock to go")
+    assert hooks.handled_ids() == ids  # once: the stale assignment was not run
+    assert hooks.started == [("s1", {})]
+    assert_nothing_held(fake)
+    assert fake.lbs_entries == []
+
+
+async def test_a_stream_already_handled_to_its_end_is_only_completed(
+    fake: FakeGateway,
+) -> None:
+    """Its owner sealed it (final acks, retention) and died before finishing."""
+    first = fake.add_assignment("s1")
+    ids = fake.append_many("s1", 2)
+    eos = fake.close("s1")
+    fake.fail("finish", times=1_000_000)
+    dead = RecordingHooks()
+    async with running(make_runtime(fake, dead, name="dead")) as run:
+        await eventually(lambda: bool(fake.calls_of("finish")), "the owner to seal the end")
+        fake.fail("requeue", times=1_000_000)  # the kill: no hand-back gets through
+        run.cancel()
+        await run.wait_done()
+    fake.fail("finish", times=0)
+    fake.fail("requeue", times=0)
+    fake.expire_lock("s1")
+    assert await fake.requeue(first, 1) is not None  # recovery, after the lock expired
+    assert fake.data_acked("s1") == [*ids, eos]
+    hooks = RecordingHooks()
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(make_runtime(fake, hooks, name="c2")):
+            await eventually(lambda: fake.lbs_entries == [], "the assignment to complete")
+            await eventually(lambda: fake.locks == {}, "the lock to go")
+    assert (hooks.calls, hooks.started, hooks.ended, hooks.lost) == ([], [], [], [])
+    assert fake.data_ttl_ms("s1") is not None
+    assert_nothing_held(fake)
