@@ -729,8 +729,9 @@ class OwnedStream:
     async def _complete_on_exit(self) -> None:
         """A stream that reached its end when shutdown or cancellation came: complete it.
 
-        If that fails, hand it back instead; the end marker is not acked by a hand-back,
-        so the next owner reads it and finishes the stream.
+        If that fails, hand it back instead. The next owner either reads the end marker
+        (the seal had not happened) and finishes the stream, or finds it sealed and only
+        completes the assignment.
         """
         host = self.host
         try:
