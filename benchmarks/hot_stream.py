@@ -406,7 +406,7 @@ def _print_summary(summary: Summary) -> None:
     sj_script_us = summary.server_usec(STREAMJOBS)["evalsha"] / total
     print(
         f"Redis server time/entry: bare {bare_us:.2f} us (all its commands); streamjobs "
-        f"{sj_script_us:.2f} us in EVALSHA alone (read.lua; inner commands included)"
+        f"{sj_script_us:.2f} us in EVALSHA alone (fence.lua; inner commands included)"
     )
     print()
     print(

@@ -81,6 +81,8 @@ class DeadLetterReason(enum.Enum):
     """An assignment to re-queue with too many fields for a script to copy."""
     UNUSABLE_STREAM = "unusable_stream"
     """An assignment whose data stream cannot be used (a key of another type, say)."""
+    IDLE_TIMEOUT = "idle_timeout"
+    """An assignment whose stream got no new entry for ``stream_idle_timeout_s``."""
     MANUAL = "manual"
     """Written by an operator."""
 

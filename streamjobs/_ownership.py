@@ -55,6 +55,14 @@ PERMANENT = (WrongKeyType, ScriptError)
 CLEANUP_TIMEOUT_S = 5.0
 """Bound on each shielded clean-up step (hand-back, report of a loss)."""
 
+RECHECK_AFTER_S = 0.05
+"""Longest time entries are handed to ``handle()`` on a lock not confirmed meanwhile.
+
+A lock can vanish before its TTL (an operator, eviction, a clock step on the server):
+past this long since the last call that proved it ours (acquire, heartbeat, fenced
+read), the lock is read again before the next ``handle()`` call. Fast handlers pay one
+GET per batch at most; slow ones one per call, negligible beside the call."""
+
 
 # -- what to do after a handler failure (pure) -------------------------------------------
 
@@ -121,6 +129,8 @@ class Host(Protocol):
     hooks: Hooks
     service: str
     name: str
+    entry_size_hint: int
+    """Bytes of the largest entry in the last batch any stream read: sizes first reads."""
 
     @property
     def draining(self) -> bool:
@@ -163,6 +173,9 @@ class OwnedStream:
         self.lost = False
         self.finish_requested = False
         self.lease_deadline = 0.0
+        # The next monotonic time at which an entry must not be handed on without a
+        # check: the lease deadline, or RECHECK_AFTER_S after the lock was last proved.
+        self.check_at = 0.0
         self.to_ack: list[str] = []
         # Set once the end marker was read (or finish() asked for): from then on the
         # stream is completed, never handed back. The marker's id is acked only by
@@ -194,7 +207,12 @@ class OwnedStream:
         """The lock was (re)confirmed by a call sent at ``confirmed_at`` (monotonic)."""
         cfg = self.host.config
         self.lease_deadline = confirmed_at + cfg.lock_ttl_s - cfg.margin_s
+        self.confirmed(confirmed_at)
         self._notify()
+
+    def confirmed(self, sent_at: float) -> None:
+        """A call sent at ``sent_at`` found the lock ours (it did not extend it)."""
+        self.check_at = min(self.lease_deadline, max(self.check_at, sent_at + RECHECK_AFTER_S))
 
     def heartbeat_failed(self) -> None:
         """Wake waiters, so a lapsed lease is noticed."""
@@ -332,7 +350,10 @@ class OwnedStream:
         stream = self.stream
         begun = False  # on_stream_start called
         backoff = Backoff()
-        batch_size = host.config.read_batch_size
+        count = self._first_count()
+        idle_timeout_s = host.config.stream_idle_timeout_s
+        active_at = time.monotonic()  # last time an entry (or the acquisition) came
+        claim = False  # the last read returned pending entries: claim before reading new
         timeout_s = host.config.handler_timeout_s
         while True:
             if self.lost:
@@ -341,15 +362,17 @@ class OwnedStream:
                 return Outcome.STOPPED
             if self.finish_requested:
                 return await self._finish()
+            sent = time.monotonic()
             try:
-                ok, top, batch = await host.gateway.fenced_read(
-                    stream, self.token, host.name, batch_size, self.to_ack
+                ok, top, batch, largest, claim = await host.gateway.fenced_read(
+                    stream, self.token, host.name, count, self.to_ack, claim=claim
                 )
             except NoSuchGroup as exc:
                 return await self._vanished(exc)
             except PERMANENT as exc:
                 return await self._dead_letter_assignment(exc)
             except Exception as exc:
+                claim = True  # a read whose reply was lost left entries pending with us
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
                 log_failure(log, f"stream {stream!r}", exc, delay)
@@ -359,7 +382,10 @@ class OwnedStream:
             if not ok:
                 self.mark_lost()
                 return Outcome.LOST
+            self.confirmed(sent)
             self.to_ack = []
+            if batch:
+                count = self._next_count(largest)
             if not begun:
                 if not batch and await self._already_finished(top):
                     return await self._complete_silently()
@@ -369,8 +395,11 @@ class OwnedStream:
                 except Exception:
                     log.exception("on_stream_start(%r) raised; continuing", stream)
             if not batch:
+                if idle_timeout_s is not None and time.monotonic() - active_at >= idle_timeout_s:
+                    return await self._abandon(idle_timeout_s)
                 await self._wait_for_entries(top)
                 continue
+            active_at = time.monotonic()
             handled = 0
             started = time.perf_counter()
             info = self.assignment.info
@@ -383,9 +412,10 @@ class OwnedStream:
                         self._eos = [entry_id]
                     return await self._finish()
                 # Hot path: one clock read and no extra await per entry while the
-                # local lease is valid; the slow path waits for a heartbeat.
+                # lock was proved ours within RECHECK_AFTER_S and the local lease is
+                # valid; the slow path re-reads the lock, or waits for a heartbeat.
                 if (
-                    self.lost or host.draining or monotonic() >= self.lease_deadline
+                    self.lost or host.draining or monotonic() >= self.check_at
                 ) and not await self._lease_valid():
                     break
                 try:
@@ -401,6 +431,21 @@ class OwnedStream:
             self._count_handled(handled, started)
             if self.finish_requested:
                 return await self._finish()
+
+    def _first_count(self) -> int:
+        """Entries to read first: sized by the largest entry the consumer saw last."""
+        return self._count_for(self.host.entry_size_hint)
+
+    def _next_count(self, largest_bytes: int) -> int:
+        """Entries to read next, so that entries as large as the largest of the batch
+        just read fit in ``read_batch_bytes`` (at least one: a larger entry is read
+        alone). Also the consumer's hint for the first read of other streams."""
+        self.host.entry_size_hint = largest_bytes
+        return self._count_for(largest_bytes)
+
+    def _count_for(self, entry_bytes: int) -> int:
+        cfg = self.host.config
+        return max(1, min(cfg.read_batch_size, cfg.read_batch_bytes // max(1, entry_bytes)))
 
     async def _call_with_timeout(self, message: Message) -> None:
         """``handle(message)``, cancelled past ``handler_timeout_s`` (a failed attempt)."""
@@ -446,18 +491,47 @@ class OwnedStream:
                 await changed.wait()
 
     async def _lease_valid(self) -> bool:
-        """True if the local lease allows handing the next entry to ``handle()``.
+        """True if the next entry may be handed to ``handle()``.
 
         Past the lease deadline (a pause, or heartbeats failing) wait for the heartbeat
         to extend the lock or to find it lost; never hand an entry on an expired lease.
+        Before it, but more than ``RECHECK_AFTER_S`` since the lock was last proved
+        ours, read the lock: one that vanished or changed hands early is lost now, not
+        at the next heartbeat.
         """
         while True:
             changed = self._changed
             if self._stopping():
                 return False
-            if time.monotonic() < self.lease_deadline:
+            now = time.monotonic()
+            if now >= self.lease_deadline:
+                await changed.wait()
+                continue
+            if now < self.check_at:
                 return True
-            await changed.wait()
+            return await self._recheck(now)
+
+    async def _recheck(self, sent: float) -> bool:
+        host = self.host
+        try:
+            holder = await host.gateway.lock_holder(self.stream)
+        except Exception as exc:
+            # Redis cannot say: the local lease still bounds the risk. Ask again later.
+            host.metrics.loop_error(host.service, "stream")
+            log_failure(log, f"stream {self.stream!r}: re-reading its lock", exc, 0.0)
+            self.confirmed(sent)
+            return not self._stopping()
+        if holder != self.token:
+            log.warning(
+                "stream %r: its lock %s before its TTL (operator, eviction or a server "
+                "clock step?)",
+                self.stream,
+                "vanished" if holder is None else "changed hands",
+            )
+            self.mark_lost()
+            return False
+        self.confirmed(sent)
+        return not self._stopping()
 
     async def _retry_entry(self, entry_id: str, fields: dict[str, str], first: Exception) -> bool:
         """Attempts 2.. of an entry whose first ``handle()`` call raised ``first``.
@@ -604,21 +678,47 @@ class OwnedStream:
     async def _dead_letter_assignment(self, exc: Exception) -> Outcome:
         """The data stream cannot be used (a key of another type, a script error): retrying
         cannot help, so the assignment goes to the dead-letter stream, then the lock."""
-        host = self.host
         log.error(
             "stream %r cannot be processed (%s): dead-lettering its assignment", self.stream, exc
         )
+        return await self._end_dead_lettered(
+            DeadLetterReason.UNUSABLE_STREAM, f"{type(exc).__name__}: {exc}", keep_ms=-1
+        )
+
+    async def _abandon(self, idle_timeout_s: float) -> Outcome:
+        """No entry came for ``stream_idle_timeout_s``: give up the assignment for good.
+
+        Its dead letter says why (and can be replayed); the stream gets the retention
+        of a finished one, so an empty stream made by acquiring it does not stay.
+        """
+        log.warning(
+            "stream %r got no entry for %gs (stream_idle_timeout_s): dead-lettering its assignment",
+            self.stream,
+            idle_timeout_s,
+        )
+        return await self._end_dead_lettered(
+            DeadLetterReason.IDLE_TIMEOUT,
+            f"no entry for {idle_timeout_s:g}s",
+            keep_ms=self._retention_ms(),
+        )
+
+    async def _end_dead_lettered(
+        self, reason: DeadLetterReason, error: str, *, keep_ms: int
+    ) -> Outcome:
+        """Dead-letter the assignment, then release the lock with ``keep_ms`` retention."""
+        host = self.host
         backoff = Backoff()
         while True:
             try:
                 await host.recoverer.dead_letter(
                     self.assignment.id,
-                    DeadLetterReason.UNUSABLE_STREAM,
+                    reason,
                     retry_count=self.assignment.retry_count,
                     owner=host.name,
-                    error=f"{type(exc).__name__}: {exc}",
+                    error=error,
                 )
-                await host.gateway.release(self.stream, self.token, -1)
+                await host.gateway.release(self.stream, self.token, keep_ms, self.to_ack)
+                self.to_ack = []
                 break
             except Exception as failure:
                 delay = backoff.next_delay()
@@ -761,9 +861,9 @@ class OwnedStream:
         gw = host.gateway
         try:
             if self.acquired:
-                ok, _, _ = await gw.fenced_read(self.stream, self.token, host.name, 0, self.to_ack)
+                read = await gw.fenced_read(self.stream, self.token, host.name, 0, self.to_ack)
                 self.to_ack = []
-                if not ok:
+                if not read.owned:
                     self.mark_lost()
                     return
             await gw.requeue(self.assignment.id, None)

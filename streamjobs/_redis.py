@@ -22,10 +22,11 @@ acts on. Nobody outside this module looks at message text.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 import anyio
 from redis import exceptions as rex
@@ -74,6 +75,7 @@ _TRANSIENT_PREFIXES = (
     "MASTERDOWN",
     "UNBLOCKED",
     "READONLY",
+    "BUSY ",  # a script past lua-time-limit (ours or another client's): it ends
 )
 
 
@@ -93,6 +95,10 @@ class EntryTooLarge(ScriptError):
 
 
 _TOO_LARGE_PREFIX = "TOOLARGE"
+
+PLAIN_DEAD_LETTER_BYTES = 256 * 1024
+"""Entries larger than this are dead-lettered by a plain XADD (in a MULTI), not by
+``dlq_add.lua``: a script copying a 50 MB entry ran for 225-353 ms."""
 
 REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, RedisCommandError)
 """Everything this boundary raises for a failed command. Loops catch this, back off
@@ -160,17 +166,56 @@ def text(value: bytes | str | int) -> str:
     return str(value)
 
 
-def entries(raw: Sequence[Any] | None) -> list[Entry]:
-    """Decode ``[[id, [f, v, ...]], ...]`` (Lua passes stream replies through raw)."""
+class ReadReply(NamedTuple):
+    """What one fenced read of a data stream returned."""
+
+    owned: bool
+    """The token held the lock (False: nothing was acked or read)."""
+    top: str
+    """When nothing was read: the newest id the group has seen, to wait for a newer one."""
+    entries: list[Entry]
+    largest_bytes: int = 0
+    """Size of the largest entry read (its field names and values), in bytes."""
+    claimed: bool = False
+    """The entries came from the pending list: more may be pending, so the next read
+    should claim first (``fenced_read(claim=True)``)."""
+
+
+NOT_OWNED = ReadReply(False, "", [])
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, bytes | str) else len(str(value))
+
+
+def sized_entries(raw_entries: Sequence[Any] | None) -> tuple[list[Entry], int]:
+    """Decode stream entries as redis-py parsed them (``(id, {field: value})`` pairs,
+    or flat ``[f, v, ...]`` lists) and measure the largest one in bytes."""
     out: list[Entry] = []
-    for item in raw or ():
-        if not item:  # XAUTOCLAIM on 6.2 returns nil for deleted entries
+    largest = 0
+    for item in raw_entries or ():
+        if not item or item[1] is None:  # an entry deleted after it was claimed
             continue
-        flat = item[1] or ()
-        out.append(
-            (text(item[0]), {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)})
+        body = item[1]
+        pairs = (
+            list(body.items())
+            if isinstance(body, Mapping)
+            else [(body[i], body[i + 1]) for i in range(0, len(body), 2)]
         )
-    return out
+        largest = max(largest, sum(_size(k) + _size(v) for k, v in pairs))
+        out.append((text(item[0]), {text(k): text(v) for k, v in pairs}))
+    return out, largest
+
+
+def _stream_entries(reply: Any) -> Sequence[Any]:
+    """The entries of an XREADGROUP reply for one stream, RESP2 or RESP3 shaped."""
+    if not reply:
+        return ()
+    batches = list(reply.values()) if isinstance(reply, dict) else [r[1] for r in reply]
+    batch = batches[0]
+    if batch and isinstance(batch[0], list) and not isinstance(batch[0][0], bytes | str):
+        batch = batch[0]  # RESP3 nests one level deeper
+    return batch  # type: ignore[no-any-return]
 
 
 def raw(values: Sequence[str]) -> list[bytes]:
@@ -221,13 +266,21 @@ class StreamGateway(Protocol):
     ) -> list[bool | None]: ...
     async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None: ...
     async def fenced_read(
-        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
-    ) -> tuple[bool, str, list[Entry]]: ...
+        self,
+        stream: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
+        *,
+        claim: bool = False,
+    ) -> ReadReply: ...
     async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None: ...
     async def release(
         self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
     ) -> bool: ...
     async def lock_exists(self, stream: str) -> bool: ...
+    async def lock_holder(self, stream: str) -> str | None: ...
     async def is_end_marker(self, stream: str, entry_id: str) -> bool: ...
     async def seal(
         self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
@@ -465,6 +518,12 @@ class Gateway:
         """
         meta = [pair for pair in fields if pair[0] in META_FIELDS]
         original = [pair for pair in fields if pair[0] not in META_FIELDS]
+        if (
+            sum(len(k) + len(v) for k, v in original) > PLAIN_DEAD_LETTER_BYTES
+            and 2 * (len(fields) + 1) <= self.max_copy_values
+            and all(k != FIELDS_JSON_FIELD for k, _ in original)
+        ):
+            return await self._dead_letter_plain(meta, original)
         r = await self.scripts.dlq_add(
             keys=[self.dlq],
             args=[
@@ -478,6 +537,22 @@ class Gateway:
             ],
         )
         return text(r[0]), int(r[1])
+
+    async def _dead_letter_plain(self, meta: Pairs, original: Pairs) -> tuple[str, int]:
+        """``dlq_add.lua`` without the script, for a big entry: one MULTI of XLEN, XADD,
+        XLEN on the dead-letter stream, so the entry's data never passes through Lua."""
+        now_ms = await self.server_time_ms()
+        trim: tuple[Any, ...] = ("MAXLEN", "~", self.dlq_maxlen) if self.dlq_maxlen > 0 else ()
+        flat = raw(flatten([*original, *meta, (DEAD_AT_FIELD, str(now_ms))]))
+        replies = await self._transaction(
+            self.dlq,
+            [("XLEN", self.dlq), ("XADD", self.dlq, *trim, "*", *flat), ("XLEN", self.dlq)],
+        )
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise translate(reply) from reply
+        before, dlq_id, after = replies
+        return text(dlq_id), int(before) + 1 - int(after)
 
     # -- locks and data streams ----------------------------------------------------
 
@@ -543,23 +618,145 @@ class Gateway:
 
     @script
     async def fenced_read(
-        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
-    ) -> tuple[bool, str, list[Entry]]:
+        self,
+        stream: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
+        *,
+        claim: bool = False,
+    ) -> ReadReply:
         """Ack ``ack`` and read up to ``count`` entries, only if ``token`` holds the lock.
 
         Pending entries of the stream (a previous owner's, or ours from a lost reply)
-        come before new ones.
+        come before new ones. No entry passes through Lua: ``fence.lua`` checks the
+        token, acks and counts what is pending, and the XREADGROUP queued after it in
+        the same MULTI reads. When something was pending, that read is discarded (the
+        entries stay pending with us) and ``claim.lua`` claims the oldest pending ids,
+        whose data XRANGE fetches. So a stalled owner whose fence fails reads only
+        entries newer than anything its successor has read, and its successor claims
+        them, in order, before reading further.
 
-        Returns:
-            (owned, top_id, entries): top_id is the newest stream id when nothing was read.
+        Args:
+            claim: the previous read returned claimed entries (``ReadReply.claimed``):
+                claim first, and read new entries only once nothing is pending.
         """
-        r = await self.scripts.read(
-            keys=[self.keys.lock(stream), stream],
-            args=[token, self.keys.group, consumer, count, *ack],
+        lock = self.keys.lock(stream)
+        group = self.keys.group
+        if count == 0:
+            r = await self.scripts.fence(keys=[lock, stream], args=[token, group, *ack])
+            return ReadReply(int(r[0]) == 1, "0-0", [])
+        if claim:
+            claimed = await self._claim(lock, stream, token, consumer, count, ack)
+            if not claimed.owned or claimed.entries:
+                return claimed
+            ack = ()
+        for _ in range(3):
+            fenced, read = await self._fence_and_read(lock, stream, token, consumer, count, ack)
+            ack = ()
+            if int(fenced[0]) != 1:
+                return NOT_OWNED
+            if int(fenced[2]) == 0:
+                if isinstance(read, BaseException):
+                    raise translate(read) from read
+                batch, largest = sized_entries(_stream_entries(read))
+                return ReadReply(True, "0-0" if batch else text(fenced[1]), batch, largest)
+            claimed = await self._claim(lock, stream, token, consumer, count, ())
+            if not claimed.owned or claimed.entries:
+                return claimed
+        # Pending entries that vanished between claim and fetch: the caller reads again.
+        return ReadReply(True, "0-0", [])
+
+    async def _fence_and_read(
+        self, lock: str, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+    ) -> tuple[Any, Any]:
+        """MULTI, fence.lua, XREADGROUP, EXEC: ``(fence reply, read reply or error)``."""
+        fence = self.scripts.fence
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", fence.sha, 2, lock, stream, token, self.keys.group, *ack),
+            (
+                "XREADGROUP",
+                "GROUP",
+                self.keys.group,
+                consumer,
+                "COUNT",
+                count,
+                "STREAMS",
+                stream,
+                ">",
+            ),
+        ]
+        for attempt in range(2):
+            fenced, read = await self._transaction(stream, commands)
+            if not isinstance(fenced, rex.NoScriptError) or attempt:
+                break
+            # A restarted or promoted server has no scripts: load it and go again (the
+            # discarded read left its entries pending with us: the retry claims them).
+            await self.client.script_load(fence.script)
+        if isinstance(fenced, BaseException):
+            raise translate(fenced, in_script=True) from fenced
+        return fenced, read
+
+    async def _transaction(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Run ``commands`` (all on ``key``'s slot) in one MULTI/EXEC; error replies are
+        returned in place, as exceptions.
+
+        redis-py's cluster pipeline has no usable transactions across the versions we
+        support, so on a cluster the transaction goes, raw, over a connection of the
+        primary that holds ``key``'s slot; replies are then unparsed (what
+        :func:`sized_entries` reads).
+        """
+        if not hasattr(self.client, "get_node_from_key"):
+            async with self.client.pipeline(transaction=True) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return list(await pipe.execute(raise_on_error=False))
+        node = self.client.get_node_from_key(key)
+        connection = node.acquire_connection()
+        try:
+            await connection.send_packed_command(
+                connection.pack_commands([("MULTI",), *commands, ("EXEC",)])
+            )
+            for _ in range(len(commands) + 1):  # OK, then QUEUED per command
+                await connection.read_response()
+            replies = await connection.read_response()
+        except BaseException as exc:
+            # Replies may be left unread on the socket: it must not be reused.
+            await connection.disconnect()
+            if isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK ")):
+                # The slot moved: a command through the cluster client follows the
+                # redirection and refreshes its slot table for the next call.
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(5),
+                    contextlib.suppress(rex.RedisError, OSError),
+                ):
+                    await self.client.exists(key)
+            raise
+        finally:
+            node.release(connection)
+        if replies is None:  # EXEC aborted (never happens without WATCH)
+            raise RedisUnavailable("EXEC aborted")
+        return list(replies)
+
+    async def _claim(
+        self, lock: str, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+    ) -> ReadReply:
+        r = await self.scripts.claim(
+            keys=[lock, stream], args=[token, self.keys.group, consumer, count, *ack]
         )
         if int(r[0]) != 1:
-            return False, "", []
-        return True, text(r[1]), entries(r[2])
+            return NOT_OWNED
+        ids = [text(i) for i in r[1]]
+        if not ids:
+            return ReadReply(True, "0-0", [])
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry_id in ids:
+                pipe.xrange(stream, entry_id, entry_id, count=1)
+            replies = await pipe.execute()
+        batch, largest = sized_entries([r[0] if r else None for r in replies])
+        return ReadReply(True, "0-0", batch, largest, claimed=True)
 
     @translated
     async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None:
@@ -597,6 +794,12 @@ class Gateway:
     @translated
     async def lock_exists(self, stream: str) -> bool:
         return int(await self.client.exists(self.keys.lock(stream))) == 1
+
+    @translated
+    async def lock_holder(self, stream: str) -> str | None:
+        """The token in ``stream``'s lock, or None if there is no lock."""
+        token = await self.client.get(self.keys.lock(stream))
+        return None if token is None else text(token)
 
     @script
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:

@@ -85,6 +85,7 @@ class Runtime:
             name=name,
         )
         self.owned: dict[str, OwnedStream] = {}
+        self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
         self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back
         self._slot_freed = anyio.Event()
         self._all_done = anyio.Event()
@@ -228,9 +229,13 @@ class Runtime:
         self._draining = True
         self._wake_intake()
         # The intake read in flight is allowed to finish: an assignment the server
-        # already delivered is handed back, never left pending without a lock.
+        # already delivered is handed back, never left pending without a lock. Only
+        # then do streams stop: a stream handed back earlier could be re-read by that
+        # very read, and bounce back once more.
         with anyio.move_on_after(self.config.read_block_ms / 1000 + CLEANUP_TIMEOUT_S):
             await self._intake_done.wait()
+        # Streams not in a handler stop now and are handed back; one in a handler
+        # stops when the call returns, or is cancelled after the grace period.
         for stream in list(self._streams):
             stream.interrupt()
         with anyio.move_on_after(self.config.shutdown_grace_s):

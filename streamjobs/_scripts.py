@@ -25,7 +25,8 @@ NAMES = (
     "add",
     "acquire",
     "extend",
-    "read",
+    "fence",
+    "claim",
     "release",
     "finish",
     "requeue",
@@ -51,7 +52,8 @@ class Scripts:
         self.add = client.register_script(source("add"))
         self.acquire = client.register_script(source("acquire"))
         self.extend = client.register_script(source("extend"))
-        self.read = client.register_script(source("read"))
+        self.fence = client.register_script(source("fence"))
+        self.claim = client.register_script(source("claim"))
         self.release = client.register_script(source("release"))
         self.finish = client.register_script(source("finish"))
         self.requeue = client.register_script(source("requeue"))

@@ -72,12 +72,22 @@ class ConsumerConfig:
             10% of ``lock_ttl_s``. Past ``last extend + lock_ttl_s - lease_margin_s`` no entry
             is handed to ``handle()`` until an extend succeeds.
         max_concurrent_streams: streams owned at once; intake reads only free slots.
-        read_batch_size: data entries read (and acked) per round trip.
+        read_batch_size: data entries read (and acked) per round trip, at most.
+        read_batch_bytes: bytes a read aims to stay under: each read asks for as many
+            entries as fit if they are as large as the largest entry of the stream's
+            previous batch (the first read of a stream goes by the consumer's last
+            batch, and the consumer's first read takes one entry). An entry larger
+            than this is read alone. Bounds the memory of a batch and the time Redis
+            spends on one read (docs/operations.md#size-and-time-limits).
         read_block_ms: how long an idle read blocks; bounds how quickly shutdown is noticed.
         max_handler_attempts: attempts per entry before it is dead-lettered.
         handler_backoff_s: delay before the second attempt; doubles per attempt.
         handler_backoff_max_s: cap of that delay.
-        shutdown_grace_s: time in-flight handlers get to finish on shutdown.
+        shutdown_grace_s: time in-flight handlers get to finish on shutdown; streams
+            not in a handler are handed back at once, and those whose handler is still
+            running when it ends are cancelled and handed back. The default, 5 s, lets a
+            whole shutdown (at most ``read_block_ms`` + grace + a few round trips) end
+            inside ``docker stop``'s 10 s (docs/operations.md#signals-shutdown-and-supervisors).
         require_noeviction: refuse to start (``ConfigurationError`` naming
             ``maxmemory-policy``) unless the server's ``maxmemory-policy`` is
             ``noeviction``. Any other policy lets Redis evict assignments and locks
@@ -88,6 +98,11 @@ class ConsumerConfig:
             holding its stream meanwhile.
         finished_stream_ttl_s: TTL set on a data stream once it is finished; 0 deletes
             it at once, None keeps it.
+        stream_idle_timeout_s: an owned stream that gets no new entry (and no end
+            marker) for this long is abandoned: its assignment is dead-lettered with
+            reason ``idle_timeout``, its lock released, and the stream gets the
+            ``finished_stream_ttl_s`` retention, so an assignment for a stream nobody
+            writes to cannot hold a slot, or an empty key, forever. None waits forever.
         key_prefix: prefix of every key (docs/design.md#keys).
     """
 
@@ -96,14 +111,16 @@ class ConsumerConfig:
     lease_margin_s: float | None = None
     max_concurrent_streams: int = 10
     read_batch_size: int = 100
+    read_batch_bytes: int = 4 * 1024 * 1024
     read_block_ms: int = 1000
     max_handler_attempts: int = 3
     handler_backoff_s: float = 0.1
     handler_backoff_max_s: float = 5.0
-    shutdown_grace_s: float = 10.0
+    shutdown_grace_s: float = 5.0
     handler_timeout_s: float | None = None
     require_noeviction: bool = False
     finished_stream_ttl_s: float | None = 3600.0
+    stream_idle_timeout_s: float | None = 3600.0
     key_prefix: str = DEFAULT_PREFIX
 
     def __post_init__(self) -> None:
@@ -130,6 +147,7 @@ class ConsumerConfig:
             raise ConfigurationError(
                 "read_batch_size", "must be <= 5000 (one script call acks a batch)"
             )
+        _int_at_least("read_batch_bytes", self.read_batch_bytes, 1)
         _int_at_least("read_block_ms", self.read_block_ms, 1)
         _int_at_least("max_handler_attempts", self.max_handler_attempts, 1)
         _non_negative("handler_backoff_s", self.handler_backoff_s)
@@ -141,6 +159,8 @@ class ConsumerConfig:
             _positive("handler_timeout_s", self.handler_timeout_s)
         if self.finished_stream_ttl_s is not None:
             _non_negative("finished_stream_ttl_s", self.finished_stream_ttl_s)
+        if self.stream_idle_timeout_s is not None:
+            _positive("stream_idle_timeout_s", self.stream_idle_timeout_s)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} \t\n"):
             raise ConfigurationError(
                 "key_prefix", "must be non-empty, without braces or whitespace"

@@ -43,6 +43,34 @@ def _check_client(redis: Any) -> None:
         )
 
 
+_BLOCK_MARGIN_S = 0.5
+"""A blocking read must end this long before the client's socket timeout would."""
+
+
+def _socket_timeout(redis: Any) -> float | None:
+    """The client's ``socket_timeout`` (standalone or cluster client), if it has one."""
+    pool = getattr(redis, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(redis, "connection_kwargs", {})
+    value = (kwargs or {}).get("socket_timeout")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _check_block(redis: Any, config: ConsumerConfig) -> None:
+    """``read_block_ms`` must end blocking reads before the client gives up on them:
+    otherwise every idle read times out, and is retried as a Redis failure."""
+    timeout_s = _socket_timeout(redis)
+    if timeout_s is None:
+        return
+    if config.read_block_ms / 1000 + _BLOCK_MARGIN_S > timeout_s:
+        raise ConfigurationError(
+            "read_block_ms",
+            f"must be at most the client's socket_timeout ({timeout_s:g}s) minus "
+            f"{_BLOCK_MARGIN_S:g}s, i.e. <= {max(0, int((timeout_s - _BLOCK_MARGIN_S) * 1000))}"
+            f", got {config.read_block_ms}: a blocking read would time out on the client; "
+            "lower read_block_ms or raise the client's socket_timeout",
+        )
+
+
 def _check_cluster_mode(redis: Any, cluster_mode: ClusterMode) -> None:
     if not isinstance(cluster_mode, ClusterMode):
         raise ConfigurationError("cluster_mode", "must be a ClusterMode")
@@ -91,6 +119,7 @@ class StreamConsumer(abc.ABC):
         recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
         recovery.check_against(config)
         _check_client(redis)
+        _check_block(redis, config)
         _check_cluster_mode(redis, cluster_mode)
         keys = Keys(service, config.key_prefix)
         if recovery.dlq_stream is not None:

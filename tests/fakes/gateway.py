@@ -38,7 +38,7 @@ import anyio.lowlevel
 
 from streamjobs._deadletter import DEAD_AT_FIELD, Pairs
 from streamjobs._keys import Keys
-from streamjobs._redis import Entry, Pending, RawFields, text
+from streamjobs._redis import Entry, Pending, RawFields, ReadReply, text
 from streamjobs._wire import (
     EOS_FIELD,
     EOS_VALUE,
@@ -72,6 +72,7 @@ METHODS = frozenset(
         "wait_for_entries",
         "release",
         "lock_exists",
+        "lock_holder",
         "sweep_leases",
         "prune_consumers",
         "is_end_marker",
@@ -85,6 +86,20 @@ def parse_id(entry_id: str) -> StreamId:
     """``"ms-seq"`` (or ``"ms"``) as a tuple that orders like Redis orders stream ids."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _largest(batch: Sequence[Entry]) -> int:
+    """Bytes of the largest entry (field names and values, UTF-8)."""
+    return max(
+        (
+            sum(
+                len(k.encode(errors="surrogateescape")) + len(v.encode(errors="surrogateescape"))
+                for k, v in fields.items()
+            )
+            for _, fields in batch
+        ),
+        default=0,
+    )
 
 
 def format_id(sid: StreamId) -> str:
@@ -648,10 +663,18 @@ class FakeGateway:
         await self._leave("record_leases")
 
     async def fenced_read(
-        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
-    ) -> tuple[bool, str, list[Entry]]:
-        """read.lua: token check; XACK ``ack``; pending entries first (claimed from
-        whoever holds them), else new ones; the newest id when nothing was read."""
+        self,
+        stream: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
+        *,
+        claim: bool = False,
+    ) -> ReadReply:
+        """fence.lua + XREADGROUP, or claim.lua + XRANGE: token check; XACK ``ack``;
+        pending entries first (claimed from whoever holds them), else new ones; the
+        newest id when nothing was read; the size of the largest entry read."""
         await self._enter("fenced_read", stream, token, consumer, count, tuple(ack))
         result = self._fenced_read(stream, token, consumer, count, ack)
         await self._leave("fenced_read")
@@ -659,17 +682,17 @@ class FakeGateway:
 
     def _fenced_read(
         self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
-    ) -> tuple[bool, str, list[Entry]]:
+    ) -> ReadReply:
         lock = self._live_lock(self.keys.lock(stream))
         if lock is None or lock.token != token:
-            return False, "", []
+            return ReadReply(False, "", [])
         s = self._data_stream(stream)
         group = None if s is None else s.group
         for entry_id in ack:  # XACK of a missing key or group acks nothing
             if group is not None:
                 group.pel.pop(entry_id, None)
         if count == 0:
-            return True, "0-0", []
+            return ReadReply(True, "0-0", [])
         if s is None or group is None:
             raise NoSuchGroup(f"NOGROUP (fake): no group on {stream!r}")
         # XAUTOCLAIM 0 from 0-0: pending entries of any consumer, oldest first; entries
@@ -686,11 +709,11 @@ class FakeGateway:
             d.consumer, d.at_ms, d.count = consumer, now, d.count + 1
             claimed.append((entry_id, _decode(fields)))
         if claimed:
-            return True, "0-0", claimed
-        new = self._deliver_new(s, group, consumer, count)
+            return ReadReply(True, "0-0", claimed, _largest(claimed), claimed=True)
+        new = [(i, _decode(f)) for i, f in self._deliver_new(s, group, consumer, count)]
         if new:
-            return True, "0-0", [(i, _decode(f)) for i, f in new]
-        return True, s.top(), []
+            return ReadReply(True, "0-0", new, _largest(new))
+        return ReadReply(True, s.top(), [])
 
     async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None:
         """XREAD BLOCK: return once ``stream`` has an entry newer than ``after_id``."""
@@ -737,6 +760,13 @@ class FakeGateway:
                 s.expires_at_ms = self.clock() + keep_ms
         await self._leave("seal")
         return sealed
+
+    async def lock_holder(self, stream: str) -> str | None:
+        """GET of the lock key: the token holding it, or None."""
+        await self._enter("lock_holder", stream)
+        lock = self._live_lock(self.keys.lock(stream))
+        await self._leave("lock_holder")
+        return None if lock is None else lock.token
 
     async def lock_exists(self, stream: str) -> bool:
         await self._enter("lock_exists", stream)

@@ -36,3 +36,15 @@ class PoisonWorker(RecordingWorker):
         if message.info.get("poison"):
             os.kill(os.getpid(), signal.SIGKILL)
         await super().handle(message)
+
+
+def begun_key(service: str) -> str:
+    return f"faults:{service}:begun"
+
+
+class AnnouncingWorker(RecordingWorker):
+    """Records each entry's id in ``faults:<service>:begun`` as its handler starts."""
+
+    async def handle(self, message: Message) -> None:
+        await self.redis.rpush(begun_key(self.service), message.id)
+        await super().handle(message)

@@ -57,3 +57,15 @@ async def test_a_short_count_raises(
         await hot_stream.delete_keys_containing(admin, uid)
         await client.aclose()
         await admin.aclose()
+
+
+def test_big_entries_runs_and_reports_the_worst_command(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import big_entries
+
+    assert big_entries.main(["--entries", "3", "--mb", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "drained 3 entries of 1 MB" in out, out
+    assert re.search(r"^XREADGROUP +calls +\d+ +slowest +\d+\.\d ms$", out, re.MULTILINE), out
+    assert re.search(r"^worst single command: [A-Z]+ \d+\.\d ms$", out, re.MULTILINE), out

@@ -33,7 +33,7 @@ from streamjobs._deadletter import (
     parse_dead_letter,
 )
 from streamjobs._keys import Keys
-from streamjobs._redis import Gateway, entries
+from streamjobs._redis import Gateway, sized_entries
 from tests.harness.plugin import ConsumerFactory
 
 from ._helpers import Recorder, eventually
@@ -69,7 +69,7 @@ async def pending(redis: Any, keys: Keys) -> int:
 async def dead_letters(redis: Any, dlq: str) -> list[Any]:
     """The DLQ's entries, parsed (decoded as the consumer decodes replies)."""
     raw = await redis.xrange(dlq)
-    return [parse_dead_letter(i, f) for i, f in entries([(i, _flat(f)) for i, f in raw])]
+    return [parse_dead_letter(i, f) for i, f in sized_entries([(i, _flat(f)) for i, f in raw])[0]]
 
 
 def _flat(fields: dict[bytes, bytes]) -> list[bytes]:

@@ -30,6 +30,10 @@ CONSUMER_BAD: list[tuple[str, Any]] = [
     ("read_batch_size", 0),
     ("read_batch_size", 100_000),
     ("read_block_ms", 0),
+    ("read_batch_bytes", 0),
+    ("read_batch_bytes", 1.5),
+    ("stream_idle_timeout_s", 0),
+    ("stream_idle_timeout_s", float("nan")),
     ("max_handler_attempts", 0),
     ("handler_backoff_s", -1),
     ("handler_backoff_max_s", float("inf")),
@@ -127,3 +131,27 @@ def test_a_dlq_stream_outside_the_services_slot_is_rejected_in_every_cluster_mod
             cluster_mode=mode,
             recovery=RecoveryConfig(dlq_stream="streamjobs:{svc}:lbs"),
         )
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_a_block_longer_than_the_clients_socket_timeout_is_refused(cluster: bool) -> None:
+    """With a 5 s socket timeout, a 6 s blocking read would time out on every idle read."""
+
+    def client(timeout: float | None) -> Any:
+        if cluster:
+            return RedisCluster(host="127.0.0.1", port=1, socket_timeout=timeout)
+        return Redis(socket_timeout=timeout)
+
+    mode = ClusterMode.OSS if cluster else ClusterMode.NONE
+    with pytest.raises(ConfigurationError) as info:
+        _Consumer(
+            client(5), service="svc", cluster_mode=mode, config=ConsumerConfig(read_block_ms=6000)
+        )
+    assert info.value.field == "read_block_ms"
+    assert "socket_timeout (5s)" in info.value.rule
+    assert "<= 4500" in info.value.rule
+    ok = ConsumerConfig(read_block_ms=4500)
+    assert _Consumer(client(5), service="svc", cluster_mode=mode, config=ok).service == "svc"
+    # No socket timeout: any block is fine.
+    long = ConsumerConfig(read_block_ms=60_000)
+    assert _Consumer(client(None), service="svc", cluster_mode=mode, config=long).service == "svc"

@@ -65,25 +65,26 @@ async def test_acquire_extend_and_expiry(fake: FakeGateway, clock: ManualClock) 
 async def test_fenced_read_is_token_checked_and_pending_first(fake: FakeGateway) -> None:
     ids = fake.append_many("d", 4)
     assert await fake.acquire("d", "t1", 1000)
-    assert await fake.fenced_read("d", "t1", "c1", 2, []) == (
+    assert (await fake.fenced_read("d", "t1", "c1", 2, []))[:4] == (
         True,
         "0-0",
         [(ids[0], {"n": "0"}), (ids[1], {"n": "1"})],
+        2,
     )
-    assert await fake.fenced_read("d", "other", "c1", 10, ids) == (False, "", [])
+    assert (await fake.fenced_read("d", "other", "c1", 10, ids))[:4] == (False, "", [], 0)
     assert list(fake.data_pending("d")) == ids[:2], "a refused call acked something"
     # A new owner gets the previous owner's pending entries first.
     fake.expire_lock("d")
     assert await fake.acquire("d", "t2", 1000)
-    ok, _, batch = await fake.fenced_read("d", "t2", "c2", 10, [])
+    ok, _, batch, *_ = await fake.fenced_read("d", "t2", "c2", 10, [])
     assert ok
     assert [i for i, _ in batch] == ids[:2]
     assert fake.data_pending("d") == {ids[0]: "c2", ids[1]: "c2"}
     # Ack and read in one call; count 0 only acks.
-    assert await fake.fenced_read("d", "t2", "c2", 0, ids[:1]) == (True, "0-0", [])
-    ok, _, batch = await fake.fenced_read("d", "t2", "c2", 10, ids[1:2])
+    assert (await fake.fenced_read("d", "t2", "c2", 0, ids[:1]))[:4] == (True, "0-0", [], 0)
+    ok, _, batch, *_ = await fake.fenced_read("d", "t2", "c2", 10, ids[1:2])
     assert [i for i, _ in batch] == ids[2:]
-    assert await fake.fenced_read("d", "t2", "c2", 10, ids[2:]) == (True, ids[3], [])
+    assert (await fake.fenced_read("d", "t2", "c2", 10, ids[2:]))[:4] == (True, ids[3], [], 0)
     assert fake.data_acked("d") == ids
 
 
