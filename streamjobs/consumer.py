@@ -71,6 +71,31 @@ def _check_block(redis: Any, config: ConsumerConfig) -> None:
         )
 
 
+_SHARED_CONNECTIONS = 6
+"""Connections a consumer uses besides one per owned stream: intake's blocking read,
+the heartbeat, the recovery loops, and short commands of streams and hand-backs."""
+
+
+def _check_pool(redis: Any, config: ConsumerConfig) -> None:
+    """Each owned stream waits for entries with a blocking read on a connection of its
+    own, so the client's pool must hold ``max_concurrent_streams`` of them and the
+    consumer's shared ones: a smaller pool runs out under load (``MaxConnectionsError``
+    in the heartbeat and intake) and the consumer loses its own streams."""
+    pool = getattr(redis, "connection_pool", None)
+    limit = getattr(pool, "max_connections", None)
+    if limit is None:  # a cluster client: its per-node pools
+        limit = (getattr(redis, "connection_kwargs", None) or {}).get("max_connections")
+    needed = config.max_concurrent_streams + _SHARED_CONNECTIONS
+    if isinstance(limit, int) and limit < needed:
+        raise ConfigurationError(
+            "max_concurrent_streams",
+            f"{config.max_concurrent_streams} streams need {needed} connections (one per "
+            f"stream waiting for entries, plus {_SHARED_CONNECTIONS}), but the client's "
+            f"pool allows {limit}: create the client with max_connections>={needed}, or "
+            f"lower max_concurrent_streams to {max(1, limit - _SHARED_CONNECTIONS)}",
+        )
+
+
 def _check_cluster_mode(redis: Any, cluster_mode: ClusterMode) -> None:
     if not isinstance(cluster_mode, ClusterMode):
         raise ConfigurationError("cluster_mode", "must be a ClusterMode")
@@ -120,6 +145,7 @@ class StreamConsumer(abc.ABC):
         recovery.check_against(config)
         _check_client(redis)
         _check_block(redis, config)
+        _check_pool(redis, config)
         _check_cluster_mode(redis, cluster_mode)
         keys = Keys(service, config.key_prefix)
         if recovery.dlq_stream is not None:

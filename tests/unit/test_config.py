@@ -155,3 +155,23 @@ def test_a_block_longer_than_the_clients_socket_timeout_is_refused(cluster: bool
     # No socket timeout: any block is fine.
     long = ConsumerConfig(read_block_ms=60_000)
     assert _Consumer(client(None), service="svc", cluster_mode=mode, config=long).service == "svc"
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_more_streams_than_the_pool_can_serve_are_refused(cluster: bool) -> None:
+    """redis-py's pool holds 100 connections by default: 95 waiting streams plus the
+    consumer's own connections would exhaust it."""
+
+    def client(max_connections: int) -> Any:
+        if cluster:
+            return RedisCluster(host="127.0.0.1", port=1, max_connections=max_connections)
+        return Redis(max_connections=max_connections)
+
+    mode = ClusterMode.OSS if cluster else ClusterMode.NONE
+    many = ConsumerConfig(max_concurrent_streams=95)
+    with pytest.raises(ConfigurationError) as info:
+        _Consumer(client(100), service="svc", cluster_mode=mode, config=many)
+    assert info.value.field == "max_concurrent_streams"
+    assert "max_connections>=101" in info.value.rule
+    assert "lower max_concurrent_streams to 94" in info.value.rule
+    assert _Consumer(client(101), service="svc", cluster_mode=mode, config=many).service == "svc"
