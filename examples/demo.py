@@ -47,6 +47,7 @@ from redis.asyncio import Redis
 
 from streamjobs import Message, Producer, StreamConsumer, StreamJobsError
 from streamjobs._keys import Keys
+from streamjobs._urls import redact, scrub
 from streamjobs.testing import RedisServer, RedisServerError, WorkerError, WorkerFleet
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -133,14 +134,16 @@ def _ping(url: str) -> bool:
             url, socket_connect_timeout=_PING_TIMEOUT_S, socket_timeout=_PING_TIMEOUT_S
         )
     except ValueError as exc:
-        raise DemoError(f"invalid --redis-url {url!r}: {exc}") from None
+        raise DemoError(f"invalid --redis-url {redact(url)!r}: {scrub(str(exc), url)}") from None
     try:
         client.ping()
         return True
     except (redis_sync.ConnectionError, redis_sync.TimeoutError, OSError):
         return False
     except redis_sync.RedisError as exc:
-        raise DemoError(f"Redis at {url} refused the connection: {exc}") from None
+        raise DemoError(
+            f"Redis at {redact(url)} refused the connection: {scrub(str(exc), url)}"
+        ) from None
     finally:
         client.close()
 
@@ -159,7 +162,7 @@ def _redis_for(url: str) -> Iterator[str]:
         server = RedisServer(dir_prefix="streamjobs-demo-redis-")
     except RedisServerError:
         raise DemoError(
-            f"no Redis answers at {url} and redis-server is not on PATH: "
+            f"no Redis answers at {redact(url)} and redis-server is not on PATH: "
             "start a Redis or pass --redis-url"
         ) from None
     try:
@@ -168,7 +171,7 @@ def _redis_for(url: str) -> Iterator[str]:
         except RedisServerError as exc:
             raise DemoError(str(exc).splitlines()[0]) from None
         print(
-            f"demo: no Redis at {url}; started a private redis-server on "
+            f"demo: no Redis at {redact(url)}; started a private redis-server on "
             f"127.0.0.1:{server.port} (pid {server.pid})",
             flush=True,
         )
@@ -467,7 +470,7 @@ async def _run(plan: Plan, url: str, fleet: WorkerFleet) -> int:
         print(
             f"demo: service {plan.service}, {plan.consumers} consumers "
             f"(up to {plan.concurrency} streams each), {len(plan.streams)} streams x "
-            f"{plan.entries} entries, lock TTL {plan.lock_ttl:g}s, Redis {url}",
+            f"{plan.entries} entries, lock TTL {plan.lock_ttl:g}s, Redis {redact(url)}",
             flush=True,
         )
         for i in range(plan.consumers):

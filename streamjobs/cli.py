@@ -1,7 +1,11 @@
 """Command line: ``streamjobs worker``.
 
-Only this module installs signal handlers: SIGTERM or SIGINT starts a graceful
-shutdown; a second one stops at once.
+Only this module installs signal handlers: SIGTERM, SIGINT or SIGHUP starts a
+graceful shutdown; a second one stops at once (docs/operations.md#signals-shutdown-and-supervisors).
+
+The Redis URL comes from ``--redis-url``, else ``--redis-url-file``, else the
+``STREAMJOBS_REDIS_URL`` environment variable, else :data:`DEFAULT_URL`; it is
+checked before use and printed only with its password masked.
 """
 
 from __future__ import annotations
@@ -9,19 +13,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from ._redis import ping
+from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer
 from .exceptions import ConfigurationError, StreamJobsError
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class CliError(Exception):
@@ -77,7 +86,18 @@ def _worker_args(sub: Any) -> None:
     p = sub.add_parser("worker", help="run consumers of a StreamConsumer subclass")
     p.add_argument("target", metavar="MODULE:CLASS")
     p.add_argument("--service", required=True)
-    p.add_argument("--redis-url", default=DEFAULT_URL)
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help=f"Redis URL (visible in ps: prefer --redis-url-file or ${ENV_VAR}); "
+        f"default {DEFAULT_URL}",
+    )
+    p.add_argument(
+        "--redis-url-file",
+        default=None,
+        metavar="PATH",
+        help=f"read the Redis URL from this file; else ${ENV_VAR}, else the default",
+    )
     p.add_argument("--cluster", action="store_true", help="connect to an OSS Redis Cluster")
     p.add_argument("--consumer-name", default=None)
     for flag, field, kind, text in (*_CONSUMER_OPTIONS, *_RECOVERY_OPTIONS):
@@ -92,7 +112,7 @@ def _worker_args(sub: Any) -> None:
         action="store_true",
         help="never run CONFIG SET notify-keyspace-events (managed Redis)",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
 
 
 def _given(
@@ -117,6 +137,47 @@ def build_configs(ns: argparse.Namespace) -> tuple[ConsumerConfig, RecoveryConfi
     )
 
 
+def redis_url(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> str:
+    """The URL the options and environment ask for, checked.
+
+    Raises:
+        CliError: both a URL and a file were given, the file cannot be read or is
+            empty, or the URL is malformed (said without its password).
+    """
+    if ns.redis_url is not None and ns.redis_url_file is not None:
+        raise CliError("give --redis-url or --redis-url-file, not both")
+    if ns.redis_url is not None:
+        url, source = ns.redis_url, "--redis-url"
+    elif ns.redis_url_file is not None:
+        try:
+            url = Path(ns.redis_url_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"--redis-url-file: cannot read {ns.redis_url_file}: {exc}") from None
+        if not url:
+            raise CliError(f"--redis-url-file: {ns.redis_url_file} is empty")
+        source = "--redis-url-file"
+    elif env.get(ENV_VAR):
+        url, source = env[ENV_VAR].strip(), ENV_VAR
+    else:
+        url, source = DEFAULT_URL, "the default URL"
+    try:
+        return check(url)
+    except BadRedisURL as exc:
+        raise CliError(f"{source}: {exc}") from None
+
+
+def log_level(value: str) -> str:
+    """``value`` as a logging level name.
+
+    Raises:
+        CliError: not one of :data:`LOG_LEVELS`.
+    """
+    level = value.upper()
+    if level not in LOG_LEVELS:
+        raise CliError(f"--log-level: {value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
 def connect(url: str, *, cluster: bool) -> Any:
     if cluster:
         from redis.asyncio.cluster import RedisCluster
@@ -132,15 +193,25 @@ async def _ping(client: Any, url: str) -> None:
         with anyio.fail_after(10):
             await ping(client)
     except Exception as exc:
-        raise CliError(f"cannot reach Redis at {url}: {exc or type(exc).__name__}") from None
+        why = str(exc) or type(exc).__name__
+        if url.startswith("rediss://") and isinstance(exc, StreamJobsError | TimeoutError):
+            why = (
+                f"the TLS handshake failed ({why}): is the server speaking TLS? "
+                "Use redis:// for a plaintext server"
+            )
+        raise CliError(f"cannot reach Redis at {redact(url)}: {scrub(why, url)}") from None
 
 
 async def run_worker(ns: argparse.Namespace) -> None:
     cls = load_consumer_class(ns.target)
     consumer_cfg, recovery_cfg = build_configs(ns)
-    client = connect(ns.redis_url, cluster=ns.cluster)
+    url = redis_url(ns)
     try:
-        await _ping(client, ns.redis_url)
+        client = connect(url, cluster=ns.cluster)
+    except ValueError as exc:  # what check() does not catch, redis-py refuses here
+        raise CliError(f"invalid Redis URL {redact(url)}: {scrub(str(exc), url)}") from None
+    try:
+        await _ping(client, url)
         consumer = cls(
             client,
             service=ns.service,
@@ -155,12 +226,14 @@ async def run_worker(ns: argparse.Namespace) -> None:
 
 
 async def serve(consumer: StreamConsumer) -> None:
-    """Run ``consumer`` until SIGTERM/SIGINT (graceful), or a second signal (immediate)."""
+    """Run ``consumer`` until SIGTERM, SIGINT or SIGHUP (graceful), or a second one
+    (immediate). SIGHUP stops too: a worker whose terminal or session goes away must
+    hand its streams back, not die with its locks held."""
     log = logging.getLogger("streamjobs")
     async with anyio.create_task_group() as tg:
 
         async def watch_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
                 async for signum in signals:
                     if consumer_done.is_set():
                         return
@@ -189,21 +262,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _worker_args(sub)
     ns = parser.parse_args(argv)
-    level = getattr(ns, "log_level", "INFO")
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
+        level = log_level(getattr(ns, "log_level", "INFO"))
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         anyio.run(run_worker, ns)
-    except CliError as exc:
-        print(f"streamjobs: error: {exc}", file=sys.stderr)
-        return 2
-    except ConfigurationError as exc:
-        print(f"streamjobs: invalid configuration: {exc}", file=sys.stderr)
-        return 2
-    except StreamJobsError as exc:
-        print(f"streamjobs: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        code = _exit_code(_unwrap(exc))
+        if code is None:
+            raise
+        return code
     return 0
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    """Print ``exc`` as one line and return the exit code; None for a bug (traceback)."""
+    if isinstance(exc, CliError):
+        print(f"streamjobs: error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, ConfigurationError):
+        print(f"streamjobs: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, StreamJobsError):
+        print(f"streamjobs: error: {exc}", file=sys.stderr)
+        return 1
+    return None

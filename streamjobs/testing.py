@@ -183,6 +183,7 @@ class RedisServer:
         binary: the ``redis-server`` executable; by default the one on PATH.
         start_timeout_s: how long :meth:`start` waits for the first PING reply.
         dir_prefix: name prefix of the temporary directory.
+        password: require it (``--requirepass``); :attr:`url` then carries it.
 
     Raises:
         RedisServerError: no ``redis-server`` executable was found.
@@ -198,6 +199,7 @@ class RedisServer:
         binary: str | None = None,
         start_timeout_s: float = _START_TIMEOUT_S,
         dir_prefix: str = "streamjobs-redis-",
+        password: str | None = None,
     ) -> None:
         found = shutil.which(binary or "redis-server")
         if found is None:
@@ -207,7 +209,8 @@ class RedisServer:
         self._port = port if port is not None else free_port()
         self._given_dir = Path(directory) if directory is not None else None
         self._appendonly = appendonly
-        self._extra_args = list(extra_args)
+        self._password = password
+        self._extra_args = [*(("--requirepass", password) if password else ()), *extra_args]
         self._start_timeout_s = start_timeout_s
         self._dir_prefix = dir_prefix
         self._dir: Path | None = None
@@ -227,8 +230,9 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0``."""
-        return f"redis://{HOST}:{self._port}/0"
+        """``redis://127.0.0.1:PORT/0`` (``redis://default:PASSWORD@...`` with a password)."""
+        auth = f"default:{self._password}@" if self._password else ""
+        return f"redis://{auth}{HOST}:{self._port}/0"
 
     @property
     def pid(self) -> int:
@@ -393,6 +397,7 @@ class RedisServer:
             with redis.Redis(
                 host=HOST,
                 port=self._port,
+                password=self._password,
                 socket_timeout=timeout_s,
                 socket_connect_timeout=timeout_s,
                 retry=Retry(NoBackoff(), 0),
@@ -556,7 +561,8 @@ class WorkerFleet:
     :meth:`close` may be called any number of times.
 
     Args:
-        url: the Redis URL the workers connect to.
+        url: the Redis URL the workers connect to (passed in their environment as
+            ``STREAMJOBS_REDIS_URL``, never on their command line).
         service: the service they consume.
         target: ``MODULE:CLASS`` of the :class:`~streamjobs.StreamConsumer` subclass.
         args: more ``streamjobs worker`` options for every worker, e.g.
@@ -591,7 +597,8 @@ class WorkerFleet:
         self.target = target
         self.args = list(args)
         self.workers: list[Worker] = []
-        self._env = {**os.environ, **(env or {})}
+        # The URL goes by environment, not argv, where ps would show its password.
+        self._env = {**os.environ, **(env or {}), "STREAMJOBS_REDIS_URL": url}
         paths = [os.fspath(p) for p in pythonpath]
         if paths:
             inherited = [p for p in self._env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -620,8 +627,6 @@ class WorkerFleet:
             self.target,
             "--service",
             self.service,
-            "--redis-url",
-            self.url,
             "--consumer-name",
             name,
             "--log-level",

@@ -70,6 +70,7 @@ class RedisServerFactory(Protocol):
         appendonly: bool = False,
         extra_args: Sequence[str] = (),
         port: int | None = None,
+        password: str | None = None,
     ) -> RedisServer: ...
 
 
@@ -165,9 +166,14 @@ def redis_server_factory(require_redis_server: str) -> Iterator[RedisServerFacto
         appendonly: bool = False,
         extra_args: Sequence[str] = (),
         port: int | None = None,
+        password: str | None = None,
     ) -> RedisServer:
         server = RedisServer(
-            appendonly=appendonly, extra_args=extra_args, port=port, binary=require_redis_server
+            appendonly=appendonly,
+            extra_args=extra_args,
+            port=port,
+            binary=require_redis_server,
+            password=password,
         )
         servers.append(server)
         return server.start()
