@@ -196,6 +196,10 @@ class Keys:
         return None
 
 
+MAX_STREAM_NAME_BYTES = 1024
+"""Longest data stream name: names appear in keys, dead letters and log lines."""
+
+
 def check_stream_name(stream: str) -> None:
     """Reject a data stream name that cannot get a lock key in its own slot.
 
@@ -207,9 +211,13 @@ def check_stream_name(stream: str) -> None:
     if not stream:
         raise InvalidStreamName(stream, "must not be empty")
     try:
-        stream.encode("utf-8")
+        size = len(stream.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidStreamName(stream, "is not valid UTF-8") from None
+    if size > MAX_STREAM_NAME_BYTES:
+        raise InvalidStreamName(
+            stream, f"is {size} bytes long; the most is {MAX_STREAM_NAME_BYTES}"
+        )
     if hash_tag(stream) is None and "}" in stream:
         # Wrapping the name in braces would end the lock's tag at this '}', so the
         # lock would hash elsewhere than the stream.

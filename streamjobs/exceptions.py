@@ -43,17 +43,32 @@ class ConfigurationError(StreamJobsError, ValueError):
         self.rule = rule
 
 
+MESSAGE_MAX_CHARS = 500
+"""Longest message of an exception that quotes input: log lines stay bounded."""
+
+
+def bounded(text: str, limit: int = MESSAGE_MAX_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with the original length noted."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text)} chars)"
+
+
 class InvalidStreamName(StreamJobsError, ValueError):
     """A data stream name for which no lock key in the same cluster slot exists."""
 
     def __init__(self, name: str, reason: str) -> None:
-        super().__init__(f"invalid stream name {name!r}: {reason}")
+        super().__init__(f"invalid stream name {bounded(repr(name), 200)}: {reason}")
         self.name = name
         self.reason = reason
 
 
 class InvalidAssignment(StreamJobsError, ValueError):
-    """An assignment entry that cannot be parsed."""
+    """An assignment entry that cannot be parsed. Its message quotes at most
+    ``MESSAGE_MAX_CHARS`` characters, whatever the entry holds."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(bounded(message))
 
 
 class RedisUnavailable(StreamJobsError, ConnectionError):

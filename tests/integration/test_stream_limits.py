@@ -60,3 +60,39 @@ async def test_a_stream_that_never_gets_an_entry_is_abandoned_and_frees_its_slot
     assert await redis.hlen(keys.active) == 0
     ttl = await redis.pttl(silent)
     assert ttl == -2 or 0 < ttl <= 60_000, f"the abandoned stream kept no retention: {ttl}"
+
+
+async def test_a_huge_bad_assignment_is_logged_in_bounded_lines(
+    redis: Any,
+    service: str,
+    uid: str,
+    consumer_factory: ConsumerFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """1 MB values in bad assignments: dead-lettered with their reason, and no log
+    line quoting them is longer than a few KB."""
+    keys = Keys(service)
+    mb = 1024 * 1024
+    bad: list[dict[str, str]] = [
+        {"stream": "s" * mb},
+        {"stream": f"s:{uid}", "_retry_count": "x" * mb},
+        {"stream": f"s:{uid}", "info": "{" + "x" * mb},
+    ]
+    for fields in bad:
+        await redis.xadd(keys.assignments, fields)
+    consumer = consumer_factory(Recorder, config=ConsumerConfig(read_block_ms=50))
+    async with consumer:
+
+        async def all_dead() -> bool:
+            return int(await redis.xlen(keys.dead_letters)) == len(bad)
+
+        await eventually(all_dead)
+    records = [
+        parse_dead_letter(_text(i), {_text(k): _text(v) for k, v in f.items()})
+        for i, f in await redis.xrange(keys.dead_letters)
+    ]
+    assert [r.reason for r in records] == [DeadLetterReason.UNPARSEABLE] * len(bad)
+    assert "the most is 1024" in records[0].error
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("streamjobs")]
+    assert any("unparseable" in m for m in logged)
+    assert max(len(m) for m in logged) < 4096, "a log line quoted a huge value"

@@ -60,10 +60,15 @@ def test_examples() -> None:
     assert KEYS.stream_of_lock("other:key") is None
 
 
-@pytest.mark.parametrize("bad", ["", "a}b", "a{}b}", "}"])
+@pytest.mark.parametrize("bad", ["", "a}b", "a{}b}", "}", "x" * 1025, "é" * 513])
 def test_rejected_names(bad: str) -> None:
-    with pytest.raises(InvalidStreamName):
+    with pytest.raises(InvalidStreamName) as info:
         check_stream_name(bad)
+    assert len(str(info.value)) < 400, "the error quotes the whole name"
+
+
+def test_the_longest_name_is_1024_bytes() -> None:
+    check_stream_name("x" * 1024)
 
 
 @pytest.mark.parametrize(
