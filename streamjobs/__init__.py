@@ -19,6 +19,7 @@ from .exceptions import HandlerTimeout as HandlerTimeout
 from .exceptions import InvalidAssignment as InvalidAssignment
 from .exceptions import InvalidStreamName as InvalidStreamName
 from .exceptions import NoSuchGroup as NoSuchGroup
+from .exceptions import PermissionDenied as PermissionDenied
 from .exceptions import RedisCommandError as RedisCommandError
 from .exceptions import RedisUnavailable as RedisUnavailable
 from .exceptions import Retry as Retry
@@ -47,6 +48,7 @@ __all__ = (
     "MetricsRecorder",
     "NoSuchGroup",
     "NullRecorder",
+    "PermissionDenied",
     "Producer",
     "RecoveryConfig",
     "RedisCommandError",

@@ -30,8 +30,17 @@ import anyio.abc
 from redis.asyncio import Redis
 
 from ._backoff import Backoff
-from ._redis import REDIS_FAILURES, Addr, SlotMap, cluster_state, get_config, set_config, text
-from .exceptions import ClusterNotSettled, RedisUnavailable
+from ._redis import (
+    REDIS_FAILURES,
+    Addr,
+    SlotMap,
+    cluster_state,
+    get_config,
+    set_config,
+    text,
+    translate,
+)
+from .exceptions import ClusterNotSettled, PermissionDenied, RedisUnavailable
 from .metrics import MetricsRecorder
 
 log = logging.getLogger("streamjobs.notifications")
@@ -40,6 +49,7 @@ KEYSPACE_EVENTS = "notify-keyspace-events"
 # ``A`` is an alias for ``g$lshzxetd`` (and more on newer servers), so it already
 # covers ``x``; ``K``/``E`` are never implied by ``A``.
 _ALIAS_A = frozenset("g$lshzxetd")
+_CONFIRM_TIMEOUT_S = 5.0
 
 # Connection settings copied from the cluster client to per-node clients.
 _NODE_KWARGS = (
@@ -73,17 +83,54 @@ def merge_flags(current: str, needed: str) -> str | None:
     return current + "".join(missing)
 
 
+_hands_off_logged = False
+
+
+def _log_hands_off_once(needed: str) -> None:
+    global _hands_off_logged
+    if not _hands_off_logged:
+        _hands_off_logged = True
+        log.info(
+            "configure_keyspace_events=False: not reading or changing %s; make sure it "
+            "contains %r on every node, or lock expiries are found by the lease sweep "
+            "and the scanner only",
+            KEYSPACE_EVENTS,
+            needed,
+        )
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of the real cause; a refused permission says so."""
+    inner = cause(exc)
+    text_ = f"{type(inner).__name__}: {inner}"
+    if "NOPERM" in str(inner):
+        return f"permission denied, see docs/operations.md#least-privilege-acl: {text_}"
+    return text_
+
+
+def cause(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups, for logs."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 async def ensure_keyspace_events(client: Any, needed: str, *, configure: bool) -> bool:
     """Make sure ``notify-keyspace-events`` on ``client``'s node has ``needed``.
 
     Merges with the flags already set (never drops one somebody else needs). With
-    ``configure`` False it never runs CONFIG SET and only warns. Never raises for a
+    ``configure`` False it runs no CONFIG command at all (it logs once what the
+    operator must set) and returns True. Never raises for a
     refused or renamed CONFIG (managed Redis): it warns and returns False, and
     recovery then relies on the scanner.
 
     Returns:
         True if the flags are set.
     """
+    if not configure:
+        # Hands-off (managed Redis): not even CONFIG GET, which such services refuse.
+        _log_hands_off_once(needed)
+        return True
     try:
         current = await get_config(client, KEYSPACE_EVENTS)
     except REDIS_FAILURES as exc:
@@ -92,15 +139,6 @@ async def ensure_keyspace_events(client: Any, needed: str, *, configure: bool) -
     merged = merge_flags(current, needed)
     if merged is None:
         return True
-    if not configure:
-        log.warning(
-            "%s is %r and lacks %r; not changing it (configure_keyspace_events=False): "
-            "recovery relies on the scanner",
-            KEYSPACE_EVENTS,
-            current,
-            needed,
-        )
-        return False
     try:
         await set_config(client, KEYSPACE_EVENTS, merged)
     except REDIS_FAILURES as exc:
@@ -180,12 +218,42 @@ async def subscribe(
     pubsub = client.pubsub()
     try:
         await pubsub.psubscribe(pattern)
+        # Started only once the server confirmed: a refusal (NOPERM) raises here.
+        with anyio.fail_after(_CONFIRM_TIMEOUT_S):
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
+                if msg is not None and text(msg.get("type", b"")) == "psubscribe":
+                    break
         task_status.started()
         while True:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
             if msg is not None and text(msg.get("data", b"")) == "expired":
                 metrics.notification(service, "expired")
                 on_expired()
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def probe_subscription(client: Redis, pattern: str) -> None:
+    """PSUBSCRIBE ``pattern`` and wait for the confirmation, then leave.
+
+    Raises:
+        PermissionDenied: the user may not subscribe to ``pattern`` (NOPERM).
+    """
+    pubsub = client.pubsub()
+    try:
+        await pubsub.psubscribe(pattern)
+        with anyio.fail_after(_CONFIRM_TIMEOUT_S):
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
+                if msg is not None and text(msg.get("type", b"")) == "psubscribe":
+                    return
+    except Exception as exc:
+        error = translate(exc)
+        if isinstance(error, PermissionDenied):
+            raise PermissionDenied(f"PSUBSCRIBE {pattern} refused: {error}") from exc
+        raise
     finally:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -287,7 +355,9 @@ class ClusterWatcher:
                 if not isinstance(exc, Exception):
                     raise
                 self._metrics.notification(self._service, "subscribe_failed")
-                log.warning("cannot subscribe on primary %s:%s (%s)", addr[0], addr[1], exc)
+                log.warning(
+                    "cannot subscribe on primary %s:%s (%s)", addr[0], addr[1], describe(exc)
+                )
         return ok
 
     async def _node_subscription(
@@ -309,7 +379,9 @@ class ClusterWatcher:
             )
         except Exception as exc:
             self._metrics.notification(self._service, "dropped")
-            log.warning("subscription on %s:%s lost (%s): rebuilding", addr[0], addr[1], exc)
+            log.warning(
+                "subscription on %s:%s lost (%s): rebuilding", addr[0], addr[1], describe(exc)
+            )
             changed.set()
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):

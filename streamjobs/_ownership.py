@@ -187,6 +187,7 @@ class OwnedStream:
         self._sealed = False  # the final acks and the retention are written
         self.unusable: Exception | None = None  # a permanent error about the data stream
         self.contended = False  # its lock stayed someone else's for a heartbeat interval
+        self.acquire_error: str | None = None  # the last error of a failed acquire
         self.stale = False  # the assignment was no longer ours when we came to it
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
@@ -296,6 +297,7 @@ class OwnedStream:
                 self.unusable = exc
                 return False
             except Exception as exc:
+                self.acquire_error = f"{type(exc).__name__}: {exc}"
                 host.metrics.loop_error(host.service, "acquire")
                 log_failure(log, f"stream {self.stream!r}: acquire", exc, 0.0)
             if time.monotonic() >= give_up_at:
@@ -742,18 +744,23 @@ class OwnedStream:
         nxt = self.assignment.retry_count + 1
         try:
             if nxt > host.recoverer.max_retries:
+                why = (
+                    "the stream's lock stayed held by another owner (a duplicate assignment?)"
+                    if self.acquire_error is None
+                    else f"taking the stream's lock kept failing: {self.acquire_error}"
+                )
                 log.warning(
-                    "assignment %s never got the lock of %r: dead-lettering it",
+                    "assignment %s never got the lock of %r (%s): dead-lettering it",
                     self.assignment.id,
                     self.stream,
+                    why,
                 )
                 await host.recoverer.dead_letter(
                     self.assignment.id,
                     DeadLetterReason.MAX_RETRIES_EXCEEDED,
                     retry_count=nxt,
                     owner=host.name,
-                    error="the stream's lock stayed held by another owner "
-                    "(a duplicate assignment?)",
+                    error=why,
                 )
             else:
                 await host.gateway.requeue(self.assignment.id, nxt)

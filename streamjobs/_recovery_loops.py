@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import Any
 
 import anyio
@@ -25,13 +26,24 @@ import anyio.abc
 
 from ._backoff import Backoff
 from ._guard import LoopGuard, log_failure
-from ._notifications import ClusterWatcher, ensure_keyspace_events, subscribe
+from ._notifications import (
+    ClusterWatcher,
+    describe,
+    ensure_keyspace_events,
+    probe_subscription,
+    subscribe,
+)
 from ._recovery import Recoverer
 from ._redis import StreamGateway, client_db
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder
 
 log = logging.getLogger("streamjobs.recovery")
+
+_STABLE_SUBSCRIPTION_S = 10.0
+"""A subscription that lasted this long had worked: its loss re-subscribes at once.
+One refused or lost sooner backs off (capped, jittered), so a refusal (NOPERM) is not
+retried many times a second."""
 
 _SWEEP_LIMIT = 100
 
@@ -75,6 +87,12 @@ class RecoveryLoops:
                 service=self._service,
                 check_interval_s=recovery.topology_check_interval_s,
             )
+
+    async def probe(self) -> None:
+        """Check at start-up that the keyspace subscription is allowed (standalone; on a
+        cluster each primary's subscription reports its own refusal)."""
+        if self._mode is ClusterMode.NONE:
+            await probe_subscription(self._client, self._channel_pattern())
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         if self._mode is ClusterMode.NONE:
@@ -211,6 +229,7 @@ class RecoveryLoops:
         pattern = self._channel_pattern()
         first = True
         while True:
+            began = time.monotonic()
             try:
                 if not first:
                     # A server restarted without persistence forgot the flags; set
@@ -226,11 +245,17 @@ class RecoveryLoops:
                         self._metrics,
                         self._service,
                     )
-                    backoff.reset()
                     # Events may have been missed while we were not subscribed.
                     self.wake_sweep()
-            except Exception as exc:  # connection lost, or killed as a slow subscriber
+            except Exception as exc:  # refused, connection lost, or a slow subscriber
+                if time.monotonic() - began >= _STABLE_SUBSCRIPTION_S:
+                    backoff.reset()  # it had worked: come back quickly
+                delay = backoff.next_delay()
                 self._metrics.notification(self._service, "dropped")
                 self._metrics.loop_error(self._service, "subscriber")
-                log.warning("keyspace subscription lost (%s); re-subscribing", exc)
-                await anyio.sleep(backoff.next_delay())
+                log.warning(
+                    "keyspace subscription failed (%s); re-subscribing in %.1fs",
+                    describe(exc),
+                    delay,
+                )
+                await anyio.sleep(delay)

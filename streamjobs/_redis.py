@@ -33,11 +33,12 @@ from redis import exceptions as rex
 
 from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
-from ._scripts import MAX_COPY_VALUES, Scripts
+from ._scripts import MAX_COPY_VALUES, NAMES, Scripts, source
 from ._wire import FIRST_ID_FIELD, RETRY_FIELD, STREAM_FIELD, is_eos
 from .exceptions import (
     ConfigurationError,
     NoSuchGroup,
+    PermissionDenied,
     RedisCommandError,
     RedisUnavailable,
     ScriptError,
@@ -95,6 +96,8 @@ class EntryTooLarge(ScriptError):
 
 
 _TOO_LARGE_PREFIX = "TOOLARGE"
+# What a script gets when its user may not run a command it calls (not NOPERM).
+_SCRIPT_NOPERM = "user executing the script can't run this command"
 
 PLAIN_DEAD_LETTER_BYTES = 256 * 1024
 """Entries larger than this are dead-lettered by a plain XADD (in a MULTI), not by
@@ -119,11 +122,15 @@ def translate(exc: BaseException, *, in_script: bool = False) -> BaseException:
     if not isinstance(exc, rex.RedisError):
         return exc
     reply = str(exc)
+    if isinstance(exc, rex.NoPermissionError):  # NOPERM, its prefix stripped by redis-py
+        return PermissionDenied(message)
     if isinstance(exc, rex.ResponseError):
         if reply.startswith(_TRANSIENT_PREFIXES):
             return RedisUnavailable(message)
         if reply.startswith("NOGROUP"):
             return NoSuchGroup(message)
+        if reply.startswith("NOPERM") or _SCRIPT_NOPERM in reply:
+            return PermissionDenied(message)
         if reply.startswith("WRONGTYPE"):
             return WrongKeyType(message)
         if in_script and reply.startswith(_TOO_LARGE_PREFIX):
@@ -262,6 +269,7 @@ class StreamGateway(Protocol):
     keys: Keys
 
     async def ensure_group(self) -> None: ...
+    async def load_scripts(self) -> None: ...
     async def read_assignments(
         self, consumer: str, count: int, block_ms: int
     ) -> list[tuple[str, RawFields]]: ...
@@ -377,6 +385,13 @@ class Gateway:
         return text(await self.client.xadd(stream, dict(fields)))
 
     # -- assignment stream ---------------------------------------------------------
+
+    @translated
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script (on every primary of a cluster), so that the first
+        calls need no retry, and a missing ``script|load`` permission shows at start-up."""
+        for name in NAMES:
+            await self.client.script_load(source(name))
 
     @translated
     async def ensure_group(self) -> None:
@@ -590,12 +605,22 @@ class Gateway:
         (mid-failover) does not keep the locks on the others from being extended.
         """
         if not self._is_cluster:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for stream, token in locks:
-                    await self.scripts.extend(
-                        keys=[self.keys.lock(stream)], args=[token, ttl_ms], client=pipe
-                    )
-                replies = await pipe.execute()
+            # Plain EVALSHAs: redis-py's pipelined script objects would first send
+            # SCRIPT EXISTS, a permission the consumer does not otherwise need.
+            extend = self.scripts.extend
+            for attempt in range(2):
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for stream, token in locks:
+                        pipe.execute_command(
+                            "EVALSHA", extend.sha, 1, self.keys.lock(stream), token, ttl_ms
+                        )
+                    replies = await pipe.execute(raise_on_error=False)
+                if attempt or not any(isinstance(r, rex.NoScriptError) for r in replies):
+                    break
+                await self.client.script_load(extend.script)  # a restarted server
+            for r in replies:
+                if isinstance(r, BaseException):
+                    raise translate(r, in_script=True) from r
             return [int(r) == 1 for r in replies]
         by_node: dict[str, list[int]] = {}
         for i, (stream, _) in enumerate(locks):
@@ -844,6 +869,20 @@ async def get_config(client: Any, name: str) -> str:
     """``CONFIG GET name`` ('' if unset)."""
     reply = await client.config_get(name)
     return text(reply.get(name, "") or "")
+
+
+@translated
+async def eviction_policies(client: Any) -> list[str]:
+    """``maxmemory_policy`` from ``INFO memory`` (allowed where CONFIG is not), of
+    the server, or of every primary of a cluster."""
+    if hasattr(client, "get_primaries"):
+        reply = await client.info("memory", target_nodes=client.PRIMARIES)
+        infos = list(reply.values()) if isinstance(reply, dict) else [reply]
+        if infos and not isinstance(infos[0], dict):  # one node answered, unwrapped
+            infos = [reply]
+    else:
+        infos = [await client.info("memory")]
+    return [text(info.get("maxmemory_policy", "")) for info in infos if isinstance(info, dict)]
 
 
 @translated

@@ -32,10 +32,16 @@ from ._guard import LoopGuard, log_failure
 from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
-from ._redis import REDIS_FAILURES, RawFields, StreamGateway, get_config
+from ._redis import REDIS_FAILURES, RawFields, StreamGateway, eviction_policies
 from ._wire import parse_assignment
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
-from .exceptions import ConfigurationError, InvalidAssignment, NoSuchGroup, StreamJobsError
+from .exceptions import (
+    ConfigurationError,
+    InvalidAssignment,
+    NoSuchGroup,
+    PermissionDenied,
+    StreamJobsError,
+)
 from .metrics import MetricsRecorder, RequeueOutcome
 
 log = logging.getLogger("streamjobs")
@@ -174,8 +180,7 @@ class Runtime:
         self._intake_done = anyio.Event()
         self._draining = False
         try:
-            await self.gateway.ensure_group()
-            await self._check_eviction_policy()
+            await self._start_up()
             async with anyio.create_task_group() as tg:
                 await tg.start(self._host_streams)
                 tg.start_soon(self._heartbeat_loop)
@@ -194,27 +199,48 @@ class Runtime:
             self._stopped.set()
 
     async def _check_eviction_policy(self) -> None:
-        """Warn (or refuse, with ``require_noeviction``) when Redis may evict our keys.
-
-        On a cluster one node answers; managed services that forbid CONFIG are let
-        through with a warning.
+        """Refuse to start (unless ``require_noeviction`` is off) when Redis may evict
+        our keys. Read from ``INFO memory``, which managed services allow, on every
+        primary of a cluster; a server that will not say is let through with a warning.
         """
         if self.client is None:
             return
         try:
-            policy = await get_config(self.client, "maxmemory-policy")
+            policies = await eviction_policies(self.client)
         except REDIS_FAILURES as exc:
             log.warning("cannot read maxmemory-policy (%s): make sure it is noeviction", exc)
             return
-        if policy in ("", "noeviction"):
+        bad = sorted({p for p in policies if p not in ("", "noeviction")})
+        if not bad:
             return
         message = (
-            f"is {policy!r}: under memory pressure Redis may evict assignments, locks and "
-            "dead letters, which loses work; set it to 'noeviction'"
+            f"is {' and '.join(repr(p) for p in bad)}: under memory pressure Redis may "
+            "evict locks (streams are lost and dead-lettered) and the assignment stream "
+            "itself (queued work vanishes); set it to 'noeviction' "
+            "(docs/operations.md#memory-policy)"
         )
         if self.config.require_noeviction:
             raise ConfigurationError("maxmemory-policy", message)
-        log.warning("maxmemory-policy %s", message)
+        log.warning("maxmemory-policy %s (allowed: require_noeviction=False)", message)
+
+    async def _start_up(self) -> None:
+        """What must work before any loop runs: the group, the scripts, the memory
+        policy. A missing permission is reported as such, naming what was refused."""
+        try:
+            await self.gateway.ensure_group()
+            await self.gateway.load_scripts()
+            await self._check_eviction_policy()
+            try:
+                await self.loops.probe()
+            except PermissionDenied:
+                raise
+            except Exception as exc:  # unreachable or slow: the subscriber loop retries
+                log.warning("keyspace subscription probe failed (%s)", exc)
+        except PermissionDenied as exc:
+            raise PermissionDenied(
+                f"the consumer's Redis user lacks a permission it needs ({exc}); see "
+                "docs/operations.md#least-privilege-acl"
+            ) from exc
 
     # -- orchestration -----------------------------------------------------------------
 

@@ -102,10 +102,17 @@ def _worker_args(sub: Any) -> None:
     p.add_argument("--consumer-name", default=None)
     for flag, field, kind, text in (*_CONSUMER_OPTIONS, *_RECOVERY_OPTIONS):
         p.add_argument(flag, dest=field, type=kind, default=None, help=f"{text} ({field})")
-    p.add_argument(
+    eviction = p.add_mutually_exclusive_group()
+    eviction.add_argument(
+        "--allow-eviction",
+        action="store_true",
+        help="start even if maxmemory-policy is not noeviction (require_noeviction=False); "
+        "Redis may then evict locks and queued assignments",
+    )
+    eviction.add_argument(
         "--require-noeviction",
         action="store_true",
-        help="refuse to start unless maxmemory-policy is noeviction (require_noeviction)",
+        help="refuse to start unless maxmemory-policy is noeviction (the default)",
     )
     p.add_argument(
         "--no-configure-keyspace",
@@ -128,7 +135,7 @@ def build_configs(ns: argparse.Namespace) -> tuple[ConsumerConfig, RecoveryConfi
         ConfigurationError: a value breaks a rule (names the field).
     """
     consumer = ConsumerConfig(
-        **_given(ns, _CONSUMER_OPTIONS), require_noeviction=ns.require_noeviction
+        **_given(ns, _CONSUMER_OPTIONS), require_noeviction=not ns.allow_eviction
     )
     recovery = _given(ns, _RECOVERY_OPTIONS)
     recovery.setdefault("min_idle_s", default_min_idle_s(consumer.lock_ttl_s))

@@ -90,8 +90,9 @@ class ConsumerConfig:
             inside ``docker stop``'s 10 s (docs/operations.md#signals-shutdown-and-supervisors).
         require_noeviction: refuse to start (``ConfigurationError`` naming
             ``maxmemory-policy``) unless the server's ``maxmemory-policy`` is
-            ``noeviction``. Any other policy lets Redis evict assignments and locks
-            under memory pressure, which loses work; by default it is only logged.
+            ``noeviction`` (on a cluster: every primary's). Any other policy lets Redis
+            evict locks and the assignment stream under memory pressure, which loses
+            work. False is the explicit override: start anyway, with a warning.
         handler_timeout_s: longest a ``handle()`` call may run; past it the call is
             cancelled and counts as a failed attempt (retried with backoff, then
             dead-lettered). None (the default) lets a call run for as long as it takes,
@@ -118,7 +119,7 @@ class ConsumerConfig:
     handler_backoff_max_s: float = 5.0
     shutdown_grace_s: float = 5.0
     handler_timeout_s: float | None = None
-    require_noeviction: bool = False
+    require_noeviction: bool = True
     finished_stream_ttl_s: float | None = 3600.0
     stream_idle_timeout_s: float | None = 3600.0
     key_prefix: str = DEFAULT_PREFIX

@@ -91,6 +91,11 @@ class WrongKeyType(RedisCommandError):
     """WRONGTYPE: a key streamjobs uses holds another kind of value."""
 
 
+class PermissionDenied(RedisCommandError):
+    """Redis refused a command or key for lack of permission (an ACL ``NOPERM``); the
+    message names what was refused. See docs/operations.md#least-privilege-acl."""
+
+
 class ScriptError(RedisCommandError):
     """A streamjobs Lua script failed while running (Redis does not roll it back)."""
 

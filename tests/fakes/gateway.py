@@ -69,6 +69,7 @@ METHODS = frozenset(
         "extend_many",
         "record_leases",
         "fenced_read",
+        "load_scripts",
         "wait_for_entries",
         "release",
         "lock_exists",
@@ -457,6 +458,11 @@ class FakeGateway:
         return [(i, _decode(f)) for i, f in self._dlq.entries.items()]
 
     # -- the protocol: assignment stream ------------------------------------------------
+
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD of every script: nothing to do in memory."""
+        await self._enter("load_scripts")
+        await self._leave("load_scripts")
 
     async def ensure_group(self) -> None:
         await self._enter("ensure_group")

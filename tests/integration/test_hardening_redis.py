@@ -3,6 +3,7 @@ cases is tests/unit/test_hardening.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -214,24 +215,31 @@ async def test_keyspace_flags_come_back_after_a_restart_without_persistence(
         await client.aclose()
 
 
-async def test_an_evicting_server_is_refused_when_asked(
-    redis_server_factory: RedisServerFactory, service: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl"])
+async def test_an_evicting_server_is_refused_unless_allowed(
+    redis_server_factory: RedisServerFactory,
+    service: str,
+    caplog: pytest.LogCaptureFixture,
+    policy: str,
 ) -> None:
-    server = redis_server_factory(extra_args=["--maxmemory-policy", "allkeys-lru"])
+    """Under volatile-ttl locks go first; under allkeys-lru the assignment stream
+    itself: by default a consumer does not start, and says why."""
+    server = redis_server_factory(extra_args=["--maxmemory-policy", policy])
     client = AsyncRedis.from_url(server.url)
     try:
-        strict = Recorder(
-            client,
-            service=service,
-            config=ConsumerConfig(require_noeviction=True),
-        )
-        with pytest.raises(ConfigurationError, match="allkeys-lru") as caught:
+        strict = Recorder(client, service=service, config=FAST, recovery=RECOVERY)
+        with pytest.raises(ConfigurationError, match=policy) as caught:
             await strict.run()
         assert caught.value.field == "maxmemory-policy"
-        lenient = Recorder(client, service=service, config=FAST, recovery=RECOVERY)
+        lenient = Recorder(
+            client,
+            service=service,
+            config=dataclasses.replace(FAST, require_noeviction=False),
+            recovery=RECOVERY,
+        )
         async with lenient:
             pass
-        assert "maxmemory-policy is 'allkeys-lru'" in caplog.text
+        assert f"maxmemory-policy is '{policy}'" in caplog.text
     finally:
         await client.aclose()
 

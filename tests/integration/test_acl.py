@@ -1,0 +1,179 @@
+"""Least privilege, against a real server: a consumer and a producer run under
+exactly the ACL users docs/operations.md prints, and a missing permission is
+reported at start-up, naming it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from streamjobs import (
+    ConsumerConfig,
+    DeadLetter,
+    Message,
+    PermissionDenied,
+    Producer,
+    RecoveryConfig,
+)
+from streamjobs._keys import Keys
+from streamjobs.testing import RedisServer
+from tests.harness.plugin import RedisServerFactory
+
+from ._helpers import Recorder, eventually
+
+pytestmark = pytest.mark.anyio
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+PASSWORD = "acl-test-pw"
+FAST = ConsumerConfig(lock_ttl_s=1, read_block_ms=50)
+
+
+def documented_acl(user: str) -> list[str]:
+    """The ``ACL SETUSER <user> ...`` line of docs/operations.md, as arguments."""
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"ACL SETUSER {user} "):
+            args = shlex.split(line)[3:]
+            return [f">{PASSWORD}" if a == "><password>" else a for a in args]
+    raise AssertionError(f"docs/operations.md has no ACL SETUSER {user} line")
+
+
+class Refusing(Recorder):
+    async def handle(self, message: Message) -> None:
+        await super().handle(message)
+        if message.fields.get("n") == "bad":
+            raise DeadLetter("bad entry")
+
+
+@pytest.fixture
+async def server(redis_server_factory: RedisServerFactory) -> RedisServer:
+    return redis_server_factory(extra_args=["--notify-keyspace-events", "Kx"])
+
+
+@pytest.fixture
+async def admin(server: RedisServer) -> AsyncIterator[AsyncRedis]:
+    client = AsyncRedis(port=server.port)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def as_user(server: RedisServer, admin: AsyncRedis) -> AsyncIterator[Callable[..., Any]]:
+    """``as_user(name, acl_args)``: create the user, return a client logged in as it."""
+    clients: list[AsyncRedis] = []
+
+    async def make(name: str, acl: list[str]) -> AsyncRedis:
+        await admin.execute_command("ACL", "SETUSER", name, "reset", *acl)  # type: ignore[no-untyped-call]
+        client = AsyncRedis(port=server.port, username=name, password=PASSWORD)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+async def denials(admin: AsyncRedis) -> list[tuple[str, str]]:
+    out = []
+    for entry in await admin.execute_command("ACL", "LOG"):  # type: ignore[no-untyped-call]
+        d = dict(zip(entry[::2], entry[1::2], strict=True))
+        out.append((d[b"reason"].decode(), d[b"object"].decode()))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("user", "configure"),
+    [("streamjobs-consumer", True), ("streamjobs-consumer-handsoff", False)],
+)
+async def test_the_documented_users_run_everything_and_are_refused_nothing(
+    admin: AsyncRedis,
+    as_user: Callable[..., Any],
+    service: str,
+    user: str,
+    configure: bool,
+) -> None:
+    consumer_client = await as_user(user, documented_acl(user))
+    producer_client = await as_user("streamjobs-producer", documented_acl("streamjobs-producer"))
+    keys = Keys(service)
+    producer = Producer(producer_client, service=service)
+    streams = [f"data:{service}:{i}" for i in range(3)]
+    for s in streams:
+        await producer.add_stream(s, {"k": 1})
+        await producer.append(s, {"n": "0"})
+        await producer.append(s, {"n": "bad"})
+        await producer.close_stream(s)
+    # One assignment taken by a consumer that died at once: recovery must re-queue it.
+    crashed = f"data:{service}:crashed"
+    await producer.add_stream(crashed)
+    await producer.append(crashed, {"n": "0"})
+    await producer.close_stream(crashed)
+    await admin.xgroup_create(keys.assignments, service, id="0", mkstream=True)
+    await admin.xreadgroup(service, "dead", {keys.assignments: ">"}, count=1)
+    recovery = RecoveryConfig(
+        min_idle_s=1.5,
+        interval_s=0.5,
+        lease_check_interval_s=0.2,
+        configure_keyspace_events=configure,
+    )
+    consumer = Refusing(consumer_client, service=service, config=FAST, recovery=recovery)
+    async with consumer:
+
+        async def all_ended() -> bool:
+            return sorted(consumer.ended) == sorted([*streams, crashed])
+
+        await eventually(all_ended, timeout_s=30)
+    assert await denials(admin) == []
+    assert await admin.xlen(keys.dead_letters) == len(streams)
+    assert (await admin.xpending(keys.assignments, service))["pending"] == 0
+    assert await admin.xlen(keys.assignments) == 0
+    for s in [*streams, crashed]:
+        assert await admin.exists(keys.lock(s)) == 0
+
+
+@pytest.mark.parametrize(
+    ("missing", "named"),
+    [
+        ("+script|load", "script|load"),
+        ("+xgroup|create", "xgroup|create"),
+        ("&__keyspace@0__:streamjobs:lock:*", "PSUBSCRIBE"),
+    ],
+)
+async def test_a_missing_permission_stops_the_start_naming_it(
+    as_user: Callable[..., Any], service: str, missing: str, named: str
+) -> None:
+    acl = [a for a in documented_acl("streamjobs-consumer") if a != missing]
+    client = await as_user("too-little", acl)
+    consumer = Recorder(client, service=service, config=FAST)
+    with anyio.fail_after(20), pytest.raises(PermissionDenied) as caught:
+        await consumer.run()
+    assert named in str(caught.value)
+    assert "docs/operations.md#least-privilege-acl" in str(caught.value)
+    assert re.search(r"lacks a permission it needs", str(caught.value))
+
+
+async def test_a_data_stream_outside_the_users_keys_is_logged_not_silent(
+    as_user: Callable[..., Any],
+    admin: AsyncRedis,
+    service: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = await as_user("streamjobs-consumer", documented_acl("streamjobs-consumer"))
+    outside = f"other:{service}"  # not matched by ~data:*
+    await Producer(admin, service=service).add_stream(outside)
+    consumer = Recorder(client, service=service, config=FAST)
+    async with consumer:
+
+        async def given_up() -> bool:
+            return int(await admin.xlen(Keys(service).dead_letters)) == 1
+
+        await eventually(given_up)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("acquire" in m and "no permissions" in m for m in messages)
+    assert any("taking the stream's lock kept failing" in m for m in messages)
+    assert consumer.started == []
