@@ -92,6 +92,16 @@ class Keys:
         return f"{self.prefix}:{{{self.service}}}:active"
 
     @property
+    def scan_lease(self) -> str:
+        """String: the consumer running this interval's reconciliation scan (PX)."""
+        return f"{self.prefix}:{{{self.service}}}:scan:lease"
+
+    @property
+    def scan_cursor(self) -> str:
+        """String: the pending-list id the next scan pass resumes after."""
+        return f"{self.prefix}:{{{self.service}}}:scan:cursor"
+
+    @property
     def idempotency_prefix(self) -> str:
         """Start of every idempotency key (:meth:`idempotency`)."""
         return f"{self.prefix}:{{{self.service}}}:idem:"
@@ -128,13 +138,17 @@ class Keys:
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError("dlq_stream", "must be a non-empty str")
-        if name in (self.assignments, self.leases, self.active) or name.startswith(
-            self.idempotency_prefix
-        ):
+        if name in (
+            self.assignments,
+            self.leases,
+            self.active,
+            self.scan_lease,
+            self.scan_cursor,
+        ) or name.startswith(self.idempotency_prefix):
             raise ConfigurationError(
                 "dlq_stream",
-                f"must not be the assignment stream, the lease index, the active-assignment "
-                f"index or an idempotency key ({name!r})",
+                "must not be the assignment stream, the lease index, the scan keys, the "
+                f"active-assignment index or an idempotency key ({name!r})",
             )
         try:
             slot = key_slot(name)

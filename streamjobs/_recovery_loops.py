@@ -153,15 +153,19 @@ class RecoveryLoops:
 
     # -- reconciliation scan -------------------------------------------------------
 
-    async def scan_once(self) -> int:
-        """One XPENDING page from the cursor; returns how many entries it recovered or tried."""
+    async def scan_once(self, cursor: str | None = None) -> tuple[int, str]:
+        """One XPENDING page after ``cursor`` (default: this consumer's own).
+
+        Returns:
+            (entries recovered or tried, the cursor after the page: '-' at the end).
+        """
         cfg = self._cfg
-        page = await self._gw.pending_page(
-            round(cfg.min_idle_s * 1000), self._cursor, cfg.batch_size
-        )
-        self._cursor = "-" if len(page) < cfg.batch_size else f"({page[-1].id}"
+        start = self._cursor if cursor is None else cursor
+        page = await self._gw.pending_page(round(cfg.min_idle_s * 1000), start, cfg.batch_size)
+        after = "-" if len(page) < cfg.batch_size else f"({page[-1].id}"
+        self._cursor = after
         if not page:
-            return 0
+            return 0, after
         scores = await self._gw.lease_scores([p.id for p in page])
         now_ms = await self._gw.server_time_ms()
         tried = 0
@@ -170,13 +174,35 @@ class RecoveryLoops:
                 continue  # a live lease: the sweep will look at it when it is due
             await self._recover_one(entry.id, entry.consumer)
             tried += 1
-        return tried
+        return tried, after
+
+    async def scan_pass(self) -> int | None:
+        """The reconciliation pass of one interval, if this consumer wins its lease.
+
+        One consumer per service per interval scans (``SET NX PX`` on the scan lease),
+        from the cursor kept in Redis, page after page until the end of the pending
+        list or ``scan_budget_s``; the cursor is saved after every page, so the next
+        pass (whoever runs it) goes on from there. Returns the pages read, or None if
+        another consumer holds this interval's lease.
+        """
+        cfg = self._cfg
+        if not await self._gw.take_scan_lease(self._name, round(cfg.interval_s * 1000)):
+            return None
+        deadline = time.monotonic() + cfg.scan_budget_s
+        cursor = await self._gw.scan_cursor()
+        pages = 0
+        while True:
+            _, cursor = await self.scan_once(cursor)
+            await self._gw.save_scan_cursor(cursor)
+            pages += 1
+            if cursor == "-" or time.monotonic() >= deadline:
+                return pages
 
     async def _scan_loop(self) -> None:
         guard = LoopGuard("scan", self._service, self._metrics, log)
         while True:
             try:
-                await self.scan_once()
+                await self.scan_pass()
             except Exception as exc:
                 await guard.failed(exc, "reconciliation scan")
                 continue

@@ -99,6 +99,8 @@ _TOO_LARGE_PREFIX = "TOOLARGE"
 # What a script gets when its user may not run a command it calls (not NOPERM).
 _SCRIPT_NOPERM = "user executing the script can't run this command"
 
+_CURSOR_KEEP_MS = 24 * 3600 * 1000
+
 PLAIN_DEAD_LETTER_BYTES = 256 * 1024
 """Entries larger than this are dead-lettered by a plain XADD (in a MULTI), not by
 ``dlq_add.lua``: a script copying a 50 MB entry ran for 225-353 ms."""
@@ -311,6 +313,9 @@ class StreamGateway(Protocol):
     ) -> bool: ...
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]: ...
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]: ...
+    async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool: ...
+    async def scan_cursor(self) -> str: ...
+    async def save_scan_cursor(self, cursor: str) -> None: ...
 
 
 class Gateway:
@@ -854,6 +859,22 @@ class Gateway:
             keys=[self.keys.assignments], args=[self.keys.group, min_idle_ms, keep]
         )
         return [text(name) for name in r]
+
+    @translated
+    async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool:
+        """SET NX PX: True if ``owner`` runs the reconciliation scan for ``ttl_ms``."""
+        return bool(await self.client.set(self.keys.scan_lease, owner, nx=True, px=ttl_ms))
+
+    @translated
+    async def scan_cursor(self) -> str:
+        """Where the next scan pass starts in the pending list ('-': the beginning)."""
+        cursor = await self.client.get(self.keys.scan_cursor)
+        return "-" if cursor is None else text(cursor)
+
+    @translated
+    async def save_scan_cursor(self, cursor: str) -> None:
+        # Kept a day: a service that stops for longer starts its next round afresh.
+        await self.client.set(self.keys.scan_cursor, cursor, px=_CURSOR_KEEP_MS)
 
 
 # -- administrative commands on any client -------------------------------------------

@@ -197,7 +197,11 @@ class RecoveryConfig:
             the scan; must exceed the consumer's ``lock_ttl_s``. When no
             ``RecoveryConfig`` is given, a consumer uses :func:`default_min_idle_s`
             of its ``lock_ttl_s``.
-        batch_size: XPENDING page size; the scan resumes from a cursor across passes.
+        batch_size: XPENDING page size.
+        scan_budget_s: longest one scan pass pages through the pending list. One
+            consumer per service runs the pass of each interval (it holds an expiring
+            lease); it resumes from a cursor kept in Redis, so a long pending list is
+            covered over several intervals at a bounded cost per interval.
         max_retries: re-queues after owner deaths before an assignment is dead-lettered.
         dlq_stream: dead-letter stream name; default ``P:{service}:dlq``. A custom name
             must hash to the assignment stream's cluster slot, so give it the hash tag
@@ -220,6 +224,7 @@ class RecoveryConfig:
     jitter_fraction: float = 0.1
     min_idle_s: float = _MIN_IDLE_FLOOR_S
     batch_size: int = 100
+    scan_budget_s: float = 0.25
     max_retries: int = 3
     dlq_stream: str | None = None
     dlq_maxlen: int = 10_000
@@ -236,6 +241,7 @@ class RecoveryConfig:
             raise ConfigurationError("jitter_fraction", "must be <= 1")
         _positive("min_idle_s", self.min_idle_s)
         _int_at_least("batch_size", self.batch_size, 1)
+        _positive("scan_budget_s", self.scan_budget_s)
         _int_at_least("max_retries", self.max_retries, 0)
         if self.dlq_stream is not None and not self.dlq_stream:
             raise ConfigurationError("dlq_stream", "must not be empty")

@@ -76,6 +76,9 @@ METHODS = frozenset(
         "lock_holder",
         "sweep_leases",
         "prune_consumers",
+        "take_scan_lease",
+        "scan_cursor",
+        "save_scan_cursor",
         "is_end_marker",
         "seal",
     }
@@ -255,6 +258,8 @@ class FakeGateway:
         self._data: dict[str, _Stream] = {}
         self._locks: dict[str, _Lock] = {}
         self._leases: dict[str, float] = {}
+        self._scan_lease: tuple[str, int] | None = None  # (owner, expires at ms)
+        self._scan_cursor = "-"
         self._active: dict[str, str] = {}
         self._idempotency: dict[str, tuple[str, int]] = {}  # key -> (id, expiry ms)
         self._lbs_changed = _Signal()
@@ -799,6 +804,26 @@ class FakeGateway:
             self._leases[member] = float(now + recheck_ms)
         await self._leave("sweep_leases")
         return [member for _, member in due]
+
+    async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool:
+        """SET NX PX of the scan lease."""
+        await self._enter("take_scan_lease", owner, ttl_ms)
+        now = self.clock()
+        taken = self._scan_lease is None or self._scan_lease[1] <= now
+        if taken:
+            self._scan_lease = (owner, now + ttl_ms)
+        await self._leave("take_scan_lease")
+        return taken
+
+    async def scan_cursor(self) -> str:
+        await self._enter("scan_cursor")
+        await self._leave("scan_cursor")
+        return self._scan_cursor
+
+    async def save_scan_cursor(self, cursor: str) -> None:
+        await self._enter("save_scan_cursor", cursor)
+        self._scan_cursor = cursor
+        await self._leave("save_scan_cursor")
 
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]:
         """prune_consumers.lua; the fake keeps no consumer names, so none is pruned

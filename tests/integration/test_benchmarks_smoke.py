@@ -69,3 +69,15 @@ def test_big_entries_runs_and_reports_the_worst_command(
     assert "drained 3 entries of 1 MB" in out, out
     assert re.search(r"^XREADGROUP +calls +\d+ +slowest +\d+\.\d ms$", out, re.MULTILINE), out
     assert re.search(r"^worst single command: [A-Z]+ \d+\.\d ms$", out, re.MULTILINE), out
+
+
+def test_scan_cost_runs_and_reports_paced_passes(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import scan_cost
+
+    assert scan_cost.main(["--assignments", "300", "--passes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "300 pending assignments, every owner alive" in out, out
+    assert re.search(r"^\| paced 2 \| \d+ \| [\d,]+ \| \d+\.\d \| \d+ \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| unpaced, whole list \| 4 \| 300 \|", out, re.MULTILINE), out
