@@ -81,3 +81,15 @@ def test_scan_cost_runs_and_reports_paced_passes(
     assert "300 pending assignments, every owner alive" in out, out
     assert re.search(r"^\| paced 2 \| \d+ \| [\d,]+ \| \d+\.\d \| \d+ \|$", out, re.MULTILINE), out
     assert re.search(r"^\| unpaced, whole list \| 4 \| 300 \|", out, re.MULTILINE), out
+
+
+def test_many_streams_runs_both_contenders_and_checks_their_counts(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import many_streams
+
+    assert many_streams.main(["--streams", "20", "--entries", "3", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "20 streams x 3 entries, 2 processes each side" in out, out
+    assert re.search(r"^\| 2 \| [\d,]+ \| [\d,]+ \| \d+\.\d{3} \|$", out, re.MULTILINE), out
+    assert re.search(r"^median ratio streamjobs/bare: \d+\.\d{3}$", out, re.MULTILINE), out
