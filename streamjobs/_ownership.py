@@ -34,6 +34,7 @@ from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
 from ._guard import log_failure
 from ._recovery import Recoverer
 from ._redis import StreamGateway
+from ._waiter import Waiter
 from ._wire import EOS_FIELD, EOS_VALUE, Assignment, is_eos
 from .config import ConsumerConfig
 from .exceptions import (
@@ -130,6 +131,9 @@ class Host(Protocol):
     service: str
     name: str
     entry_size_hint: int
+    waiter: Waiter | None
+    """The multiplexed idle wait (standalone servers), or None: each stream blocks
+    on a read of its own."""
     """Bytes of the largest entry in the last batch any stream read: sizes first reads."""
 
     @property
@@ -397,9 +401,12 @@ class OwnedStream:
                 except Exception:
                     log.exception("on_stream_start(%r) raised; continuing", stream)
             if not batch:
-                if idle_timeout_s is not None and time.monotonic() - active_at >= idle_timeout_s:
-                    return await self._abandon(idle_timeout_s)
-                await self._wait_for_entries(top)
+                idle_left_s = math.inf
+                if idle_timeout_s is not None:
+                    idle_left_s = idle_timeout_s - (time.monotonic() - active_at)
+                    if idle_left_s <= 0:
+                        return await self._abandon(idle_timeout_s)
+                await self._wait_for_entries(top, idle_left_s)
                 continue
             active_at = time.monotonic()
             handled = 0
@@ -465,13 +472,19 @@ class OwnedStream:
             host = self.host
             host.metrics.entries_handled(host.service, handled, time.perf_counter() - started)
 
-    async def _wait_for_entries(self, top: str) -> None:
+    async def _wait_for_entries(self, top: str, longest_s: float = math.inf) -> None:
         host = self.host
         with anyio.CancelScope() as self._wait_scope:
             if self._stopping() or self.finish_requested:
                 return
             try:
-                await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
+                waiter = host.waiter
+                if waiter is None:
+                    await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
+                else:
+                    fallback_s = host.config.read_block_ms / 1000
+                    timeout_s = min(longest_s, waiter.idle_timeout_s(fallback_s))
+                    await waiter.wait(self.stream, top, timeout_s)
             except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = Backoff().next_delay()

@@ -23,6 +23,7 @@ acts on. Nobody outside this module looks at message text.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,12 +143,16 @@ def translate(exc: BaseException, *, in_script: bool = False) -> BaseException:
     return RedisCommandError(message)
 
 
+_HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "streamjobs_holds_a_command_slot", default=False
+)
+
+
 def _translating(
-    in_script: bool,
+    in_script: bool, *, limited: bool = True
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
     def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-        @functools.wraps(fn)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             try:
                 return await fn(*args, **kwargs)
             except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
@@ -156,6 +161,21 @@ def _translating(
                 raise
             except Exception as exc:
                 raise UnexpectedClientError(f"{type(exc).__name__}: {exc}") from exc
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            # A gateway method takes one of its consumer's command slots (nested
+            # calls of the same task reuse it), so the connections a consumer opens
+            # stay bounded however many of its streams act at once.
+            limiter = getattr(args[0], "limiter", None) if limited and args else None
+            if limiter is None or _HOLDING.get():
+                return await call(*args, **kwargs)
+            async with limiter:
+                token = _HOLDING.set(True)
+                try:
+                    return await call(*args, **kwargs)
+                finally:
+                    _HOLDING.reset(token)
 
         return wrapper
 
@@ -166,6 +186,9 @@ translated = _translating(in_script=False)
 """Decorator: run a coroutine of plain commands, translating redis-py exceptions."""
 script = _translating(in_script=True)
 """Decorator: like :func:`translated`, for a coroutine that runs one of our scripts."""
+blocking = _translating(in_script=False, limited=False)
+"""Decorator: like :func:`translated`, for a blocking read, which takes no command
+slot (a long wait must not starve the others; the pool check counts these)."""
 
 
 def text(value: bytes | str | int) -> str:
@@ -314,6 +337,7 @@ class StreamGateway(Protocol):
     async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]: ...
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]: ...
     async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool: ...
+    async def unblock(self, client_id: int) -> bool: ...
     async def scan_cursor(self) -> str: ...
     async def save_scan_cursor(self, cursor: str) -> None: ...
 
@@ -335,6 +359,8 @@ class Gateway:
     def __init__(self, client: Any, keys: Keys, *, dlq: str | None = None, dlq_maxlen: int = 0):
         self.client = client
         self.keys = keys
+        self.limiter: anyio.CapacityLimiter | None = None
+        """Bounds the commands in flight (set by a running consumer; None: no bound)."""
         self.dlq = dlq or keys.dead_letters
         self.dlq_maxlen = dlq_maxlen
         self.max_copy_values = MAX_COPY_VALUES
@@ -409,7 +435,7 @@ class Gateway:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    @translated
+    @blocking
     async def read_assignments(
         self, consumer: str, count: int, block_ms: int
     ) -> list[tuple[str, RawFields]]:
@@ -804,7 +830,7 @@ class Gateway:
         batch, largest = sized_entries([r[0] if r else None for r in replies])
         return ReadReply(True, "0-0", batch, largest, claimed=True)
 
-    @translated
+    @blocking
     async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None:
         """Block until ``stream`` has an entry newer than ``after_id`` or ``block_ms`` pass.
 
@@ -861,6 +887,11 @@ class Gateway:
         return [text(name) for name in r]
 
     @translated
+    async def unblock(self, client_id: int) -> bool:
+        """CLIENT UNBLOCK: end the blocking read of connection ``client_id`` now."""
+        return int(await self.client.execute_command("CLIENT", "UNBLOCK", client_id)) == 1
+
+    @translated
     async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool:
         """SET NX PX: True if ``owner`` runs the reconciliation scan for ``ttl_ms``."""
         return bool(await self.client.set(self.keys.scan_lease, owner, nx=True, px=ttl_ms))
@@ -875,6 +906,49 @@ class Gateway:
     async def save_scan_cursor(self, cursor: str) -> None:
         # Kept a day: a service that stops for longer starts its next round afresh.
         await self.client.set(self.keys.scan_cursor, cursor, px=_CURSOR_KEEP_MS)
+
+
+class BlockingReader:
+    """One connection of the client's pool, held for multi-key ``XREAD BLOCK`` calls.
+
+    Standalone clients only (a cluster refuses keys of several slots in one command).
+    Its ``CLIENT ID`` lets another connection end a read early (``CLIENT UNBLOCK``).
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._pool = client.connection_pool
+        self._connection: Any = None
+        self.client_id: int | None = None
+
+    @translated
+    async def open(self) -> None:
+        try:
+            self._connection = await self._pool.get_connection()
+        except TypeError:  # redis-py before 5.3 wants a command name
+            self._connection = await self._pool.get_connection("XREAD")
+        await self._connection.send_command("CLIENT", "ID")
+        self.client_id = int(await self._connection.read_response())
+
+    @translated
+    async def read(self, after: Mapping[str, str], block_ms: int) -> list[str]:
+        """Block until one of ``after``'s streams has an entry newer than its id, or
+        ``block_ms`` pass, or ``CLIENT UNBLOCK``; returns the streams that have one."""
+        connection = self._connection
+        assert connection is not None, "open() first"
+        await connection.send_command(
+            "XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", *after.keys(), *after.values()
+        )
+        reply = await connection.read_response()
+        if isinstance(reply, dict):  # RESP3
+            return [text(name) for name in reply]
+        return [text(item[0]) for item in reply or ()]
+
+    async def close(self) -> None:
+        connection, self._connection, self.client_id = self._connection, None, None
+        if connection is not None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await connection.disconnect()  # a read may be in flight: never reuse it
+                await self._pool.release(connection)
 
 
 # -- administrative commands on any client -------------------------------------------

@@ -32,7 +32,8 @@ from ._guard import LoopGuard, log_failure
 from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
-from ._redis import REDIS_FAILURES, RawFields, StreamGateway, eviction_policies
+from ._redis import REDIS_FAILURES, Gateway, RawFields, StreamGateway, eviction_policies
+from ._waiter import Waiter
 from ._wire import parse_assignment
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .exceptions import (
@@ -92,6 +93,17 @@ class Runtime:
         )
         self.owned: dict[str, OwnedStream] = {}
         self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
+        self.waiter = (
+            Waiter(
+                client,
+                gateway,
+                block_ms=config.read_block_ms,
+                metrics=metrics,
+                service=self.service,
+            )
+            if cluster_mode is ClusterMode.NONE and client is not None
+            else None
+        )
         self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back
         self._slot_freed = anyio.Event()
         self._all_done = anyio.Event()
@@ -180,9 +192,13 @@ class Runtime:
         self._intake_done = anyio.Event()
         self._draining = False
         try:
+            if isinstance(self.gateway, Gateway):
+                self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
             await self._start_up()
             async with anyio.create_task_group() as tg:
                 await tg.start(self._host_streams)
+                if self.waiter is not None:
+                    await tg.start(self.waiter.run)
                 tg.start_soon(self._heartbeat_loop)
                 tg.start_soon(self._intake_loop)
                 await self.loops.start(tg)
@@ -352,7 +368,7 @@ class Runtime:
     async def _dead_letter_unparseable(
         self, entry_id: str, fields: RawFields, exc: InvalidAssignment
     ) -> None:
-        log.warning("assignment %s is unparseable (%s): dead-lettering it", entry_id, exc)
+        log.warning("assignment %s is unparseable (%.600s): dead-lettering it", entry_id, exc)
         try:
             await self.recoverer.dead_letter_unparseable(entry_id, fields, exc, owner=self.name)
         except Exception as failure:

@@ -72,6 +72,9 @@ class ConsumerConfig:
             10% of ``lock_ttl_s``. Past ``last extend + lock_ttl_s - lease_margin_s`` no entry
             is handed to ``handle()`` until an extend succeeds.
         max_concurrent_streams: streams owned at once; intake reads only free slots.
+        redis_concurrency: most commands the consumer has in flight at once, blocking
+            reads aside; it bounds the connections it opens, however many of its
+            streams act together (docs/operations.md#size-and-time-limits).
         read_batch_size: data entries read (and acked) per round trip, at most.
         read_batch_bytes: bytes a read aims to stay under: each read asks for as many
             entries as fit if they are as large as the largest entry of the stream's
@@ -111,6 +114,7 @@ class ConsumerConfig:
     heartbeat_interval_s: float | None = None
     lease_margin_s: float | None = None
     max_concurrent_streams: int = 10
+    redis_concurrency: int = 16
     read_batch_size: int = 100
     read_batch_bytes: int = 4 * 1024 * 1024
     read_block_ms: int = 1000
@@ -143,6 +147,7 @@ class ConsumerConfig:
                     "lease_margin_s", "must be < lock_ttl_s - heartbeat_interval_s"
                 )
         _int_at_least("max_concurrent_streams", self.max_concurrent_streams, 1)
+        _int_at_least("redis_concurrency", self.redis_concurrency, 1)
         _int_at_least("read_batch_size", self.read_batch_size, 1)
         if self.read_batch_size > 5000:
             raise ConfigurationError(

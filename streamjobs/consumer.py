@@ -71,29 +71,42 @@ def _check_block(redis: Any, config: ConsumerConfig) -> None:
         )
 
 
-_SHARED_CONNECTIONS = 6
-"""Connections a consumer uses besides one per owned stream: intake's blocking read,
-the heartbeat, the recovery loops, and short commands of streams and hand-backs."""
+_BLOCKING_CONNECTIONS = 4
+"""Connections held by blocking reads and subscriptions: intake, the shared idle
+wait, the keyspace subscription, and one spare."""
 
 
-def _check_pool(redis: Any, config: ConsumerConfig) -> None:
-    """Each owned stream waits for entries with a blocking read on a connection of its
-    own, so the client's pool must hold ``max_concurrent_streams`` of them and the
-    consumer's shared ones: a smaller pool runs out under load (``MaxConnectionsError``
-    in the heartbeat and intake) and the consumer loses its own streams."""
+def _check_pool(redis: Any, config: ConsumerConfig, cluster_mode: ClusterMode) -> None:
+    """The client's pool must hold the consumer's command slots
+    (``redis_concurrency``) and its blocking connections; without the shared idle wait
+    (a cluster, or a proxy) each owned stream also blocks on a connection of its own.
+    A smaller pool runs out under load (``MaxConnectionsError``) and the consumer loses
+    its own streams."""
     pool = getattr(redis, "connection_pool", None)
     limit = getattr(pool, "max_connections", None)
     if limit is None:  # a cluster client: its per-node pools
         limit = (getattr(redis, "connection_kwargs", None) or {}).get("max_connections")
-    needed = config.max_concurrent_streams + _SHARED_CONNECTIONS
-    if isinstance(limit, int) and limit < needed:
-        raise ConfigurationError(
-            "max_concurrent_streams",
+    per_stream = cluster_mode is not ClusterMode.NONE
+    needed = config.redis_concurrency + _BLOCKING_CONNECTIONS
+    if per_stream:
+        needed += config.max_concurrent_streams
+    if not isinstance(limit, int) or limit >= needed:
+        return
+    if per_stream:
+        rule = (
             f"{config.max_concurrent_streams} streams need {needed} connections (one per "
-            f"stream waiting for entries, plus {_SHARED_CONNECTIONS}), but the client's "
-            f"pool allows {limit}: create the client with max_connections>={needed}, or "
-            f"lower max_concurrent_streams to {max(1, limit - _SHARED_CONNECTIONS)}",
+            f"stream waiting for entries, plus redis_concurrency={config.redis_concurrency}"
+            f" and {_BLOCKING_CONNECTIONS}), but the client's pool allows {limit}: create "
+            f"the client with max_connections>={needed}, or lower max_concurrent_streams "
+            f"to {max(1, limit - config.redis_concurrency - _BLOCKING_CONNECTIONS)}"
         )
+        raise ConfigurationError("max_concurrent_streams", rule)
+    raise ConfigurationError(
+        "redis_concurrency",
+        f"{config.redis_concurrency} commands in flight plus {_BLOCKING_CONNECTIONS} "
+        f"blocking connections need {needed}, but the client's pool allows {limit}: "
+        f"create the client with max_connections>={needed}, or lower redis_concurrency",
+    )
 
 
 def _check_cluster_mode(redis: Any, cluster_mode: ClusterMode) -> None:
@@ -145,7 +158,7 @@ class StreamConsumer(abc.ABC):
         recovery.check_against(config)
         _check_client(redis)
         _check_block(redis, config)
-        _check_pool(redis, config)
+        _check_pool(redis, config, cluster_mode)
         _check_cluster_mode(redis, cluster_mode)
         keys = Keys(service, config.key_prefix)
         if recovery.dlq_stream is not None:

@@ -77,6 +77,7 @@ METHODS = frozenset(
         "sweep_leases",
         "prune_consumers",
         "take_scan_lease",
+        "unblock",
         "scan_cursor",
         "save_scan_cursor",
         "is_end_marker",
@@ -804,6 +805,12 @@ class FakeGateway:
             self._leases[member] = float(now + recheck_ms)
         await self._leave("sweep_leases")
         return [member for _, member in due]
+
+    async def unblock(self, client_id: int) -> bool:
+        """CLIENT UNBLOCK: the fake has no blocked connections (no waiter runs on it)."""
+        await self._enter("unblock", client_id)
+        await self._leave("unblock")
+        return False
 
     async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool:
         """SET NX PX of the scan lease."""

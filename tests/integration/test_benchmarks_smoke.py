@@ -93,3 +93,16 @@ def test_many_streams_runs_both_contenders_and_checks_their_counts(
     assert "20 streams x 3 entries, 2 processes each side" in out, out
     assert re.search(r"^\| 2 \| [\d,]+ \| [\d,]+ \| \d+\.\d{3} \|$", out, re.MULTILINE), out
     assert re.search(r"^median ratio streamjobs/bare: \d+\.\d{3}$", out, re.MULTILINE), out
+
+
+def test_idle_cost_runs_and_reports_its_table(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import idle_cost
+
+    assert idle_cost.main(["--streams", "30", "--wakeups", "5", "--window-s", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "30 idle streams owned by one consumer" in out, out
+    assert re.search(
+        r"^\| \d+ \| [\d,]+ \| -?\d+\.\d KiB \| \d+\.\d ms \| \d+\.\d ms \|$", out, re.MULTILINE
+    ), out

@@ -86,6 +86,12 @@ async def test_a_pass_stops_at_the_end_of_the_pending_list_within_its_budget(
         await producer.add_stream(f"data:{uid}:{i}")
     delivered = await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=30)
     await gw.record_leases([i.decode() for i, _ in delivered[0][1]], 3_600_000, new=True)
+
+    async def all_idle() -> bool:  # XPENDING IDLE counts whole milliseconds
+        page = await redis.xpending_range(keys.assignments, service, "-", "+", 50, idle=2)
+        return len(page) == 30
+
+    await eventually(all_idle)
     loops = loops_of(redis, gw, service, "a", batch_size=10, scan_budget_s=60, interval_s=60)
     # Three full pages, then an empty one that ends the round: the cursor restarts.
     assert await loops.scan_pass() == 4

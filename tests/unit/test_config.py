@@ -157,21 +157,29 @@ def test_a_block_longer_than_the_clients_socket_timeout_is_refused(cluster: bool
     assert _Consumer(client(None), service="svc", cluster_mode=mode, config=long).service == "svc"
 
 
-@pytest.mark.parametrize("cluster", [False, True])
-def test_more_streams_than_the_pool_can_serve_are_refused(cluster: bool) -> None:
-    """redis-py's pool holds 100 connections by default: 95 waiting streams plus the
-    consumer's own connections would exhaust it."""
+def test_more_streams_than_a_cluster_pool_can_serve_are_refused() -> None:
+    """On a cluster each waiting stream blocks a connection of its own: 95 of them plus
+    the command slots and blocking reads would exhaust redis-py's 100-connection pool."""
 
     def client(max_connections: int) -> Any:
-        if cluster:
-            return RedisCluster(host="127.0.0.1", port=1, max_connections=max_connections)
-        return Redis(max_connections=max_connections)
+        return RedisCluster(host="127.0.0.1", port=1, max_connections=max_connections)
 
-    mode = ClusterMode.OSS if cluster else ClusterMode.NONE
     many = ConsumerConfig(max_concurrent_streams=95)
     with pytest.raises(ConfigurationError) as info:
-        _Consumer(client(100), service="svc", cluster_mode=mode, config=many)
+        _Consumer(client(100), service="svc", cluster_mode=ClusterMode.OSS, config=many)
     assert info.value.field == "max_concurrent_streams"
+    assert "max_connections>=115" in info.value.rule
+    assert "lower max_concurrent_streams to 80" in info.value.rule
+    ok = _Consumer(client(115), service="svc", cluster_mode=ClusterMode.OSS, config=many)
+    assert ok.service == "svc"
+
+
+def test_a_standalone_pool_needs_the_command_slots_not_a_connection_per_stream() -> None:
+    """Idle streams share one blocking read on a standalone server: 10,000 streams fit
+    the default pool; the command slots (redis_concurrency) are what must fit."""
+    thousands = ConsumerConfig(max_concurrent_streams=10_000)
+    assert _Consumer(Redis(), service="svc", config=thousands).service == "svc"
+    with pytest.raises(ConfigurationError) as info:
+        _Consumer(Redis(), service="svc", config=ConsumerConfig(redis_concurrency=97))
+    assert info.value.field == "redis_concurrency"
     assert "max_connections>=101" in info.value.rule
-    assert "lower max_concurrent_streams to 94" in info.value.rule
-    assert _Consumer(client(101), service="svc", cluster_mode=mode, config=many).service == "svc"

@@ -1,0 +1,130 @@
+"""Idle-cost benchmark: one consumer owning many idle streams.
+
+A private ``redis-server``; one in-process consumer (lock TTL 10 s, defaults
+otherwise) takes ``--streams`` assignments whose streams get no entry. Once it owns
+them all, over a ``--window-s`` window of idleness it measures the connections open on
+the server, the Redis commands per second (``INFO commandstats``, commands run inside
+scripts included) and the consumer process's RSS per owned stream. Then it appends one
+entry at a time to random idle streams and measures how long each takes to reach
+``handle()`` (the wake-up latency, p50 and p99).
+
+Run: ``python -m benchmarks.idle_cost [--streams 2000] [--wakeups 200]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import redis.asyncio
+
+from streamjobs import ConsumerConfig, Message, Producer, StreamConsumer
+from streamjobs.testing import RedisServer
+
+CHUNK = 1000
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * 4096
+
+
+class _Timed(StreamConsumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = 0
+        self.expected = 0
+        self.all_started = anyio.Event()
+        self.sent: dict[str, float] = {}
+        self.latencies: list[float] = []
+        self.arrived = anyio.Event()
+
+    async def on_stream_start(self, stream: str, info: Any) -> None:
+        self.started += 1
+        if self.started == self.expected:
+            self.all_started.set()
+
+    async def handle(self, message: Message) -> None:
+        sent = self.sent.pop(message.stream, None)
+        if sent is not None:
+            self.latencies.append(time.perf_counter() - sent)
+            self.arrived.set()
+
+
+async def _calls(admin: Any) -> int:
+    stats = await admin.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_"))
+
+
+async def run(streams: int, wakeups: int, window_s: float) -> None:
+    server = RedisServer(dir_prefix="streamjobs-bench-").start()
+    admin: Any = redis.asyncio.Redis.from_url(server.url)
+    client: Any = redis.asyncio.Redis.from_url(server.url)
+    try:
+        service = f"idle-{uuid.uuid4().hex[:8]}"
+        names = [f"i:{service}:{n}" for n in range(streams)]
+        producer = Producer(admin, service=service)
+        for name in names:
+            await producer.add_stream(name)
+        rss_before = _rss_bytes()
+        consumer = _Timed(
+            client,
+            service=service,
+            config=ConsumerConfig(max_concurrent_streams=streams, lock_ttl_s=10),
+        )
+        consumer.expected = streams
+        t0 = time.perf_counter()
+        async with consumer:
+            with anyio.fail_after(600):
+                await consumer.all_started.wait()
+            took = time.perf_counter() - t0
+            await anyio.sleep(1.0)  # let the last acquisitions go idle
+            calls0 = await _calls(admin)
+            await anyio.sleep(window_s)
+            per_s = (await _calls(admin) - calls0 - 2) / window_s  # minus our own INFOs
+            clients = int((await admin.info("clients"))["connected_clients"]) - 1
+            rss = (_rss_bytes() - rss_before) / streams
+            rng = random.Random(1)
+            for _ in range(wakeups):
+                name = rng.choice(names)
+                consumer.arrived = anyio.Event()
+                consumer.sent[name] = time.perf_counter()
+                await producer.append(name, {"n": "1"})
+                with anyio.fail_after(30):
+                    await consumer.arrived.wait()
+                await anyio.sleep(0.01)
+        lat = sorted(consumer.latencies)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"{streams:,} idle streams owned by one consumer (taken in {took:.1f} s)")
+        print("| connections | Redis commands/s | RSS per stream | wake-up p50 | wake-up p99 |")
+        print("|---|---|---|---|---|")
+        print(
+            f"| {clients} | {per_s:,.0f} | {rss / 1024:.1f} KiB | "
+            f"{statistics.median(lat) * 1000:.1f} ms | {p99 * 1000:.1f} ms |"
+        )
+    finally:
+        await client.aclose()
+        await admin.aclose()
+        server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.idle_cost")
+    parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--wakeups", type=int, default=200)
+    parser.add_argument("--window-s", type=float, default=10.0)
+    ns = parser.parse_args(argv)
+    anyio.run(run, ns.streams, ns.wakeups, ns.window_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

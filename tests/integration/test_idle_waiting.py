@@ -1,0 +1,68 @@
+"""Idle streams share one blocking read (standalone servers): connections and
+commands stay flat however many of a consumer's streams are idle, and a new entry on
+any of them still wakes it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anyio
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from streamjobs import ConsumerConfig, Producer
+from tests.harness.plugin import RedisServerFactory
+
+from ._helpers import Recorder, eventually
+
+pytestmark = pytest.mark.anyio
+
+STREAMS = 300
+
+
+async def _calls(client: Any, command: str) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_three_hundred_idle_streams_share_one_read_and_still_wake(
+    redis_server_factory: RedisServerFactory, service: str, uid: str
+) -> None:
+    server = redis_server_factory()
+    admin = AsyncRedis.from_url(server.url)
+    client = AsyncRedis.from_url(server.url)
+    streams = [f"idle:{uid}:{i}" for i in range(STREAMS)]
+    try:
+        producer = Producer(admin, service=service)
+        for s in streams:
+            await producer.add_stream(s)
+        config = ConsumerConfig(max_concurrent_streams=STREAMS, read_block_ms=200)
+        consumer = Recorder(client, service=service, config=config)
+        async with consumer:
+
+            async def all_owned_and_idle() -> bool:
+                return len(consumer.started) == STREAMS
+
+            await eventually(all_owned_and_idle, timeout_s=60)
+            xread_before = await _calls(admin, "xread")
+            with anyio.fail_after(10):
+                await anyio.sleep(2.0)  # a window of idleness to count commands in
+            xreads = await _calls(admin, "xread") - xread_before
+            clients = int((await admin.info("clients"))["connected_clients"])
+            # One XREAD per 200 ms block (plus one per unblock), not one per stream:
+            # 300 streams blocking alone would have sent ~3,000 in 2 s.
+            assert xreads <= 60, xreads
+            # redis_concurrency (16) + blocking reads (4) + this test's admin client.
+            assert clients <= 16 + 4 + 1, clients
+            woken = random.Random(7).sample(streams, 20)
+            for s in woken:
+                await producer.append(s, {"n": s})
+
+            async def all_handled() -> bool:
+                return sorted(h[3] for h in consumer.handled) == sorted(woken)
+
+            await eventually(all_handled, timeout_s=20)
+    finally:
+        await client.aclose()
+        await admin.aclose()
