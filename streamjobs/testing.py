@@ -56,6 +56,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ._urls import redact
 from .exceptions import StreamJobsError
 
 __all__ = (
@@ -481,7 +482,7 @@ class RedisServer:
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running else "not running"
-        return f"<RedisServer {self.url} {state}>"
+        return f"<RedisServer {redact(self.url)} {state}>"
 
 
 class Worker:
@@ -597,8 +598,7 @@ class WorkerFleet:
         self.target = target
         self.args = list(args)
         self.workers: list[Worker] = []
-        # The URL goes by environment, not argv, where ps would show its password.
-        self._env = {**os.environ, **(env or {}), "STREAMJOBS_REDIS_URL": url}
+        self._env = {**os.environ, **(env or {})}
         paths = [os.fspath(p) for p in pythonpath]
         if paths:
             inherited = [p for p in self._env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -650,7 +650,9 @@ class WorkerFleet:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self._cwd,
-                env=self._env,
+                # The URL goes by environment, not argv, where ps would show its
+                # password; read at each start, since callers may move it (a failover).
+                env={**self._env, "STREAMJOBS_REDIS_URL": self.url},
             )
         _CHILDREN.add(proc)
         worker = Worker(name, proc, log_path)
