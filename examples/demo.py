@@ -6,6 +6,10 @@ Run it from the repository root (after ``pip install -e .``)::
                             [--lock-ttl 3] [--work-ms 20] [--timeout 50]
                             [--redis-url redis://127.0.0.1:6379/0]
 
+The Redis URL may come from the ``STREAMJOBS_REDIS_URL`` environment variable
+instead, which keeps a password out of ``ps``; the demo prints URLs with their
+password masked.
+
 It starts ``--consumers`` worker subprocesses (``streamjobs worker demo:DemoConsumer``,
 with this directory on their ``PYTHONPATH``), produces ``--streams`` data streams of
 ``--entries`` entries each (gradually, so the streams are mid-flight), SIGKILLs one
@@ -29,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import secrets
 import shutil
 import signal
@@ -47,7 +52,7 @@ from redis.asyncio import Redis
 
 from streamjobs import Message, Producer, StreamConsumer, StreamJobsError
 from streamjobs._keys import Keys
-from streamjobs._urls import redact, scrub
+from streamjobs._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from streamjobs.testing import RedisServer, RedisServerError, WorkerError, WorkerFleet
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -138,6 +143,10 @@ def _ping(url: str) -> bool:
     try:
         client.ping()
         return True
+    except redis_sync.AuthenticationError as exc:  # a ConnectionError, but an answer
+        raise DemoError(
+            f"Redis at {redact(url)} refused the connection: {scrub(str(exc), url)}"
+        ) from None
     except (redis_sync.ConnectionError, redis_sync.TimeoutError, OSError):
         return False
     except redis_sync.RedisError as exc:
@@ -538,7 +547,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="demo.py", description="A fleet of streamjobs consumers processing and recovering."
     )
-    p.add_argument("--redis-url", default=DEFAULT_URL)
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help=f"default: ${ENV_VAR}, else {DEFAULT_URL} (the environment keeps a password "
+        "out of ps)",
+    )
     p.add_argument("--consumers", type=int, default=3)
     p.add_argument("--streams", type=int, default=12)
     p.add_argument("--entries", type=int, default=40)
@@ -555,6 +569,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--work-ms must not be negative")
     if ns.timeout <= 0:
         p.error("--timeout must be positive")
+    source = "--redis-url"
+    if ns.redis_url is None:
+        source = ENV_VAR
+        ns.redis_url = os.environ.get(ENV_VAR, "").strip() or DEFAULT_URL
+    try:
+        check(ns.redis_url)
+    except BadRedisURL as exc:
+        p.error(f"{source}: {exc}")
     return ns
 
 

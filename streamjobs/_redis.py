@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
@@ -949,6 +950,23 @@ class BlockingReader:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await connection.disconnect()  # a read may be in flight: never reuse it
                 await self._pool.release(connection)
+
+
+def is_tls_failure(exc: BaseException) -> bool:
+    """True if ``exc``, or what it was raised from, is a handshake error or a timeout;
+    False if a server answered (a wrong password is no TLS problem)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    if any(isinstance(e, rex.AuthenticationError | rex.ResponseError) for e in chain):
+        return False
+    return any(
+        isinstance(e, ssl.SSLError | TimeoutError | rex.TimeoutError)
+        or (isinstance(e, rex.ConnectionError) and "SSL" in str(e))
+        for e in chain
+    )
 
 
 # -- administrative commands on any client -------------------------------------------

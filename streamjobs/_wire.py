@@ -27,6 +27,10 @@ FIRST_ID_FIELD = "_first_id"
 GO_FIELD = "lbs-input"
 EOS_FIELD = "_eos"
 EOS_VALUE = "1"
+QUOTE_MAX_CHARS = 200
+"""Most characters of an input value an error message quotes: log lines stay short."""
+MESSAGE_MAX_CHARS = 500
+"""Most characters of any other text (a parser's own error) an error message carries."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,25 @@ class Assignment:
     retry_count: int
     first_id: str = ""
     """Id of the job's first submission (this entry's own id unless re-queued)."""
+
+
+def quote(value: str | bytes, limit: int = QUOTE_MAX_CHARS) -> str:
+    """``repr(value)``, or the ``repr`` of its first ``limit`` characters followed by
+    ``…(N bytes)``, N being the whole value's size."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}…({_size(value)} bytes)"
+
+
+def clip(text: str, limit: int = MESSAGE_MAX_CHARS) -> str:
+    """``text``, or its first ``limit`` characters followed by ``…(N bytes)``."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({_size(text)} bytes)"
+
+
+def _size(value: str | bytes) -> int:
+    return len(value) if isinstance(value, bytes) else len(value.encode("utf-8", "surrogatepass"))
 
 
 def _text(value: bytes | str, what: str) -> str:
@@ -61,7 +84,7 @@ def parse_retry_count(fields: Mapping[str, bytes | str]) -> int:
         return 0
     text = _text(raw, RETRY_FIELD)
     if not text.isascii() or not text.isdigit() or len(text) > 18:
-        raise InvalidAssignment(f"{RETRY_FIELD} must be a non-negative decimal, got {text!r}")
+        raise InvalidAssignment(f"{RETRY_FIELD} must be a non-negative decimal, got {quote(text)}")
     return int(text)
 
 
@@ -69,7 +92,7 @@ def _info(raw: str, what: str) -> dict[str, Any]:
     try:
         info = json.loads(raw)
     except ValueError as exc:
-        raise InvalidAssignment(f"{what} is not valid JSON: {exc}") from None
+        raise InvalidAssignment(f"{what} is not valid JSON: {clip(str(exc))}") from None
     if not isinstance(info, dict):
         raise InvalidAssignment(f"{what} must be a JSON object, got {type(info).__name__}")
     return info
@@ -95,7 +118,8 @@ def parse_assignment(
     except InvalidAssignment:
         raise
     except Exception as exc:
-        raise InvalidAssignment(f"cannot be parsed ({type(exc).__name__}: {exc})"[:500]) from None
+        why = clip(f"{type(exc).__name__}: {exc}")
+        raise InvalidAssignment(f"cannot be parsed ({why})") from None
 
 
 def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) -> Assignment:
@@ -125,7 +149,9 @@ def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) 
         else:
             keys.check_data_stream(stream)
     except InvalidStreamName as exc:
-        raise InvalidAssignment(str(exc)) from None
+        raise InvalidAssignment(
+            f"invalid stream name {quote(stream)}: {clip(exc.reason)}"
+        ) from None
     raw_first = fields.get(FIRST_ID_FIELD)
     first_id = entry_id if raw_first is None else _text(raw_first, FIRST_ID_FIELD)
     return Assignment(

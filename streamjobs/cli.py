@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
-from ._redis import ping
+from ._redis import is_tls_failure, ping
 from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer
@@ -31,6 +32,8 @@ from .exceptions import ConfigurationError, StreamJobsError
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+CONNECT_TIMEOUT_S = 5.0
+PING_TIMEOUT_S = 10.0
 
 
 class CliError(Exception):
@@ -83,20 +86,29 @@ _RECOVERY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
 
 
 def _worker_args(sub: Any) -> None:
-    p = sub.add_parser("worker", help="run consumers of a StreamConsumer subclass")
+    p = sub.add_parser(
+        "worker",
+        help="run consumers of a StreamConsumer subclass",
+        description="Run a consumer of MODULE:CLASS until SIGTERM, SIGINT or SIGHUP (a "
+        "graceful stop: streams are handed back; a second signal stops at once).",
+        epilog=f"The Redis URL is, in this order: --redis-url; else the contents of "
+        f"--redis-url-file (stripped); else ${ENV_VAR}; else {DEFAULT_URL}. Giving both "
+        "--redis-url and --redis-url-file is an error. Passwords are shown as ***.",
+    )
     p.add_argument("target", metavar="MODULE:CLASS")
     p.add_argument("--service", required=True)
     p.add_argument(
         "--redis-url",
         default=None,
-        help=f"Redis URL (visible in ps: prefer --redis-url-file or ${ENV_VAR}); "
-        f"default {DEFAULT_URL}",
+        help=f"Redis URL; takes precedence over --redis-url-file and ${ENV_VAR}, but any "
+        f"user sees it in ps: prefer those for a password (default {DEFAULT_URL})",
     )
     p.add_argument(
         "--redis-url-file",
         default=None,
         metavar="PATH",
-        help=f"read the Redis URL from this file; else ${ENV_VAR}, else the default",
+        help=f"read the Redis URL from this file (contents stripped); used when "
+        f"--redis-url is not given, before ${ENV_VAR}",
     )
     p.add_argument("--cluster", action="store_true", help="connect to an OSS Redis Cluster")
     p.add_argument("--consumer-name", default=None)
@@ -160,6 +172,8 @@ def redis_url(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> st
             url = Path(ns.redis_url_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise CliError(f"--redis-url-file: cannot read {ns.redis_url_file}: {exc}") from None
+        except UnicodeDecodeError:  # its message would quote the file's bytes
+            raise CliError(f"--redis-url-file: {ns.redis_url_file} is not UTF-8 text") from None
         if not url:
             raise CliError(f"--redis-url-file: {ns.redis_url_file} is empty")
         source = "--redis-url-file"
@@ -185,26 +199,34 @@ def log_level(value: str) -> str:
     return level
 
 
-def connect(url: str, *, cluster: bool) -> Any:
+def connect(url: str, *, cluster: bool, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """A client for ``url`` (not connected yet); connecting gives up after ``timeout_s``."""
     if cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        return RedisCluster.from_url(url, socket_connect_timeout=5)
+        return RedisCluster.from_url(url, socket_connect_timeout=timeout_s)
     from redis.asyncio import Redis
 
-    return Redis.from_url(url, socket_connect_timeout=5, health_check_interval=10)
+    return Redis.from_url(url, socket_connect_timeout=timeout_s, health_check_interval=10)
 
 
-async def _ping(client: Any, url: str) -> None:
+async def check_connection(client: Any, url: str, *, timeout_s: float = PING_TIMEOUT_S) -> None:
+    """PING through ``client``.
+
+    Raises:
+        CliError: no answer within ``timeout_s`` or an error, said without the URL's
+            password; for a ``rediss://`` URL whose handshake fails or times out, that
+            the server may not speak TLS.
+    """
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(timeout_s):
             await ping(client)
     except Exception as exc:
         why = str(exc) or type(exc).__name__
-        if url.startswith("rediss://") and isinstance(exc, StreamJobsError | TimeoutError):
+        if url.startswith("rediss://") and is_tls_failure(exc):
             why = (
-                f"the TLS handshake failed ({why}): is the server speaking TLS? "
-                "Use redis:// for a plaintext server"
+                f"the TLS handshake failed ({why}): the server may not speak TLS; "
+                "use redis:// for a plaintext server"
             )
         raise CliError(f"cannot reach Redis at {redact(url)}: {scrub(why, url)}") from None
 
@@ -218,7 +240,7 @@ async def run_worker(ns: argparse.Namespace) -> None:
     except ValueError as exc:  # what check() does not catch, redis-py refuses here
         raise CliError(f"invalid Redis URL {redact(url)}: {scrub(str(exc), url)}") from None
     try:
-        await _ping(client, url)
+        await check_connection(client, url)
         consumer = cls(
             client,
             service=ns.service,
@@ -232,15 +254,25 @@ async def run_worker(ns: argparse.Namespace) -> None:
         await client.aclose()
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals :func:`serve` stops on: :data:`STOP_SIGNALS`, less SIGHUP when this
+    process was started with it ignored (``nohup``), which keeps it ignored."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return tuple(s for s in STOP_SIGNALS if s != signal.SIGHUP)
+    return STOP_SIGNALS
+
+
 async def serve(consumer: StreamConsumer) -> None:
     """Run ``consumer`` until SIGTERM, SIGINT or SIGHUP (graceful), or a second one
     (immediate). SIGHUP stops too: a worker whose terminal or session goes away must
-    hand its streams back, not die with its locks held."""
+    hand its streams back, not die with its locks held (unless started under
+    ``nohup``: see :func:`stop_signals`)."""
     log = logging.getLogger("streamjobs")
     async with anyio.create_task_group() as tg:
 
-        async def watch_signals() -> None:
-            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async def watch_signals(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with anyio.open_signal_receiver(*stop_signals()) as signals:
+                task_status.started()  # handlers in place before "started" is logged
                 async for signum in signals:
                     if consumer_done.is_set():
                         return
@@ -254,7 +286,7 @@ async def serve(consumer: StreamConsumer) -> None:
 
         stopping = anyio.Event()
         consumer_done = anyio.Event()
-        tg.start_soon(watch_signals)
+        await tg.start(watch_signals)
         log.info("consumer %s of service %s started", consumer.consumer_name, consumer.service)
         try:
             await consumer.run()

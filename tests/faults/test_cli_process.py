@@ -115,3 +115,37 @@ def test_sighup_stops_gracefully_and_hands_streams_back(
     assert sorted(f[b"stream"].decode() for _, f in sync.xrange(lbs)) == streams  # re-queued
     for s in streams:
         assert sync.xpending(s, service)["pending"] == 0, f"{s}: its handled entry is unacked"
+
+
+def test_a_worker_started_with_sighup_ignored_keeps_ignoring_it(
+    server: RedisServer, sync: SyncRedis, service: str, uid: str
+) -> None:
+    """As under ``nohup``: the worker outlives its terminal; SIGTERM still stops it."""
+    stream = f"d:{uid}"
+    sync.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(stream, {"work_ms": 1}))
+    sync.xadd(stream, {"n": "0"})
+    ignoring_sighup = (
+        "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'streamjobs', *sys.argv[1:]])"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ignoring_sighup, "worker", TARGET, "--service", service],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "STREAMJOBS_REDIS_URL": server.url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: sync.lrange(begun_key(service), 0, -1), 30, "the entry to be handled")
+        proc.send_signal(signal.SIGHUP)  # discarded by the kernel: it is ignored
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "SIGTERM: shutting down gracefully" in out
+    assert "SIGHUP" not in out
+    assert owners(sync, service, [stream]) == {}

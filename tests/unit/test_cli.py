@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import redis.exceptions
 
-from streamjobs import ConfigurationError, ConsumerConfig, RecoveryConfig
+from streamjobs import ConfigurationError, ConsumerConfig, RecoveryConfig, RedisUnavailable
+from streamjobs._redis import is_tls_failure
 from streamjobs._urls import ENV_VAR, redact, scrub
-from streamjobs.cli import CliError, _worker_args, build_configs, load_consumer_class, redis_url
+from streamjobs.cli import (
+    CliError,
+    _worker_args,
+    build_configs,
+    load_consumer_class,
+    redis_url,
+    stop_signals,
+)
 from streamjobs.config import default_min_idle_s
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +111,11 @@ def test_a_bad_option_names_its_field() -> None:
         (["--redis-url", "http://127.0.0.1:6379"], "has scheme 'http'"),
         (["--redis-url", "127.0.0.1:6379"], "is not a URL"),
         (["--redis-url", "redis://127.0.0.1:notaport/0"], "has an invalid port"),
+        (["--redis-url", "redis://h:notaport"], "'redis://h:notaport' has an invalid port"),
+        (["--redis-url", "redis://[::1/0"], "cannot be parsed"),
+        (["--redis-url", "redis://u:Se/cret@127.0.0.1:6379/0"], "percent-encode"),
+        (["--redis-url", "redis://h/0?db=x"], "selects database 'x'"),
+        (["--redis-url", "default:Secret@127.0.0.1:6379"], "'default:***@127.0.0.1:6379'"),
         (["--redis-url", "redis://127.0.0.1:6379/notadb"], "selects database 'notadb'"),
         (["--log-level", "verbose"], "--log-level: 'verbose' is not one of"),
         (["--redis-url", "redis://a", "--redis-url-file", "f"], "not both"),
@@ -111,6 +128,8 @@ def test_bad_connection_options_give_one_line_errors(args: list[str], message: s
     assert message in r.stderr
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("streamjobs: error: "), r.stderr
+    assert "ecret" not in r.stderr, "a password was printed"
 
 
 def test_a_password_never_appears_in_an_error() -> None:
@@ -134,12 +153,55 @@ def test_a_password_never_appears_in_an_error() -> None:
         ("rediss://h:6380/0?password=S3cretPW&db=1", "rediss://h:6380/0?password=***&db=1"),
         ("redis://h:6379/0", "redis://h:6379/0"),
         ("unix:///tmp/redis.sock?db=2", "unix:///tmp/redis.sock?db=2"),
+        ("unix://:S3cretPW@/tmp/redis.sock", "unix://:***@/tmp/redis.sock"),
+        ("redis://u:S3cretPW@h:notaport/0", "redis://u:***@h:notaport/0"),
+        ("redis://u:S3cretPW@h/0?PASSWORD=S3cretPW", "redis://u:***@h/0?PASSWORD=***"),
+        # Not URLs, or passwords with an unescaped / ? # (redis-py misreads them too):
+        # everything up to the last '@' may be secret.
+        ("default:S3cretPW@h:6379", "default:***@h:6379"),
+        ("redis://u:S3c/retPW@h:6379/0", "redis://u:***@h:6379/0"),
+        ("redis://u:S3c?retPW@h/0", "redis://u:***@h/0"),
+        ("redis://u:S3c#retPW@h/0", "redis://u:***@h/0"),
+        ("redis://h/0?client_name=a@b&password=S3cretPW", "redis://***@b&password=***"),
+        ("redis://S3cretPW@h/0", "redis://***@h/0"),
     ],
 )
 def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
     assert redact(url) == shown
     if "S3cretPW" in url:
         assert scrub(f"auth failed for S3cretPW at {url}", url).count("S3cretPW") == 0
+
+
+def test_a_percent_encoded_password_is_scrubbed_in_both_forms() -> None:
+    url = "redis://u:p%40ss%2Fw0rd@h/0"
+    assert redact(url) == "redis://u:***@h/0"
+    assert scrub("AUTH p@ss/w0rd failed (p%40ss%2Fw0rd)", url) == "AUTH *** failed (***)"
+
+
+def test_sighup_stops_the_worker_unless_it_was_started_ignoring_it() -> None:
+    assert signal.SIGHUP in stop_signals()
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert stop_signals() == (signal.SIGTERM, signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_help_gives_the_url_precedence() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "streamjobs", "worker", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "1000"},  # no wrapping
+    )
+    assert (
+        f"in this order: --redis-url; else the contents of --redis-url-file (stripped); "
+        f"else ${ENV_VAR}; else redis://127.0.0.1:6379/0" in r.stdout
+    )
+    assert "SIGHUP" in r.stdout
 
 
 def test_the_url_comes_from_the_flag_then_the_file_then_the_environment(
@@ -157,5 +219,23 @@ def test_the_url_comes_from_the_flag_then_the_file_then_the_environment(
     url_file.write_text("  \n")
     with pytest.raises(CliError, match="is empty"):
         redis_url(_parse("--redis-url-file", str(url_file)), env)
+    url_file.write_bytes(b"redis://:\xff\xfe@h/0")
+    with pytest.raises(CliError, match="is not UTF-8 text"):
+        redis_url(_parse("--redis-url-file", str(url_file)), env)
     with pytest.raises(CliError, match=f"{ENV_VAR}: 'redis://h/x' selects database 'x'"):
         redis_url(_parse(), {ENV_VAR: "redis://h/x"})
+
+
+def _raised_from(cause: BaseException) -> BaseException:
+    try:
+        raise RedisUnavailable(f"{type(cause).__name__}: {cause}") from cause
+    except RedisUnavailable as exc:
+        return exc
+
+
+def test_only_handshake_failures_and_timeouts_are_blamed_on_tls() -> None:
+    assert is_tls_failure(_raised_from(redis.exceptions.TimeoutError("Timeout connecting")))
+    assert is_tls_failure(_raised_from(ssl.SSLError("WRONG_VERSION_NUMBER")))
+    assert is_tls_failure(TimeoutError())
+    assert not is_tls_failure(_raised_from(redis.exceptions.AuthenticationError("bad password")))
+    assert not is_tls_failure(_raised_from(redis.exceptions.ConnectionError("Error 111")))
