@@ -42,6 +42,7 @@ import redis.asyncio
 from redis.utils import HIREDIS_AVAILABLE
 
 from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+from streamjobs._urls import redact
 from streamjobs.cli import DEFAULT_URL
 from streamjobs.testing import RedisServer, RedisServerError, answers
 
@@ -80,9 +81,11 @@ def redis_target(url: str, use_url: bool) -> Iterator[Target]:
             finally:
                 server.stop()
             return
-        print(f"note: redis-server is not on PATH; using {url}", flush=True)
+        print(f"note: redis-server is not on PATH; using {redact(url)}", flush=True)
     if not answers(url, timeout_s=2.0):
-        raise BenchmarkError(f"no Redis answers at {url} (and no private server was started)")
+        raise BenchmarkError(
+            f"no Redis answers at {redact(url)} (and no private server was started)"
+        )
     yield Target(url, private=False)
 
 
