@@ -32,6 +32,7 @@ from .metrics import NullRecorder as NullRecorder
 from .metrics import RequeueOutcome as RequeueOutcome
 from .metrics import StreamEvent as StreamEvent
 from .producer import Producer as Producer
+from .prometheus import PrometheusRecorder as PrometheusRecorder
 
 __all__ = (
     "ClusterMode",
@@ -50,6 +51,7 @@ __all__ = (
     "NullRecorder",
     "PermissionDenied",
     "Producer",
+    "PrometheusRecorder",
     "RecoveryConfig",
     "RedisCommandError",
     "RedisUnavailable",

@@ -1,0 +1,91 @@
+"""PrometheusRecorder against real Redis: the metrics move as a dead letter, a
+recovery of a dead owner's assignment and a graceful hand-back happen, read from a
+real registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from streamjobs import (
+    ConsumerConfig,
+    DeadLetter,
+    Message,
+    Producer,
+    PrometheusRecorder,
+    RecoveryConfig,
+)
+from streamjobs._keys import Keys
+from tests.harness.plugin import ConsumerFactory
+
+from ._helpers import Recorder, eventually
+
+pytestmark = pytest.mark.anyio
+
+
+class Refusing(Recorder):
+    async def handle(self, message: Message) -> None:
+        await super().handle(message)
+        if message.fields.get("n") == "bad":
+            raise DeadLetter("bad entry")
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_metrics_follow_a_dead_letter_a_recovery_and_a_hand_back(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    keys = Keys(service)
+    registry = CollectorRegistry()
+    producer = Producer(redis, service=service)
+    done, crashed, idle = f"done:{uid}", f"crashed:{uid}", f"idle:{uid}"
+    for stream in (done, crashed):
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "0"})
+        await producer.append(stream, {"n": "bad"})
+        await producer.close_stream(stream)
+    # A consumer that died right after taking one assignment: recovery re-queues it.
+    await redis.xgroup_create(keys.assignments, service, id="0", mkstream=True)
+    await redis.xreadgroup(service, "dead", {keys.assignments: ">"}, count=1)
+    consumer = consumer_factory(
+        Refusing,
+        config=ConsumerConfig(lock_ttl_s=1, read_block_ms=50),
+        recovery=RecoveryConfig(min_idle_s=1.5, interval_s=0.5, lease_check_interval_s=0.2),
+        metrics=PrometheusRecorder(registry),
+    )
+    s = {"service": service}
+    async with consumer:
+
+        async def both_finished() -> bool:
+            return sorted(consumer.ended) == sorted([done, crashed])
+
+        await eventually(both_finished, timeout_s=30)
+        await producer.add_stream(idle)  # owned, idle, when the consumer stops
+
+        async def owns_idle() -> bool:
+            return idle in consumer.owned_streams
+
+        await eventually(owns_idle)
+        assert value(registry, "streamjobs_owned_streams", **s) == 1
+
+        async def heartbeat_counted() -> bool:  # every lock_ttl / 3 while it owns one
+            return value(registry, "streamjobs_heartbeats_total", result="ok", **s) >= 1
+
+        await eventually(heartbeat_counted)
+    # Done with: two handled, two dead-lettered after failing.
+    assert value(registry, "streamjobs_entries_handled_total", **s) == 4
+    assert value(registry, "streamjobs_handler_failures_total", **s) == 2
+    assert value(registry, "streamjobs_dead_letters_total", reason="handler_failed", **s) == 2
+    assert value(registry, "streamjobs_recoveries_total", outcome="requeued", **s) >= 1
+    assert value(registry, "streamjobs_stream_events_total", event="finished", **s) == 2
+    assert value(registry, "streamjobs_stream_events_total", event="handed_back", **s) == 1
+    assert value(registry, "streamjobs_owned_streams", **s) == 0
+    exposition = generate_latest(registry).decode()
+    assert f'streamjobs_dead_letters_total{{reason="handler_failed",service="{service}"}} 2.0' in (
+        exposition
+    )
+    assert uid not in exposition.replace(service, ""), "a stream name leaked into a label"
