@@ -7,6 +7,7 @@ with :class:`Producer`. See README.md and docs/.
 from __future__ import annotations
 
 from ._deadletter import DeadLetterReason as DeadLetterReason
+from ._stats import ConsumerStatistics as ConsumerStatistics
 from .config import ClusterMode as ClusterMode
 from .config import ConsumerConfig as ConsumerConfig
 from .config import RecoveryConfig as RecoveryConfig
@@ -27,9 +28,11 @@ from .exceptions import ScriptError as ScriptError
 from .exceptions import StreamJobsError as StreamJobsError
 from .exceptions import WrongKeyType as WrongKeyType
 from .message import Message as Message
+from .metrics import EntryOutcome as EntryOutcome
 from .metrics import MetricsRecorder as MetricsRecorder
 from .metrics import NullRecorder as NullRecorder
 from .metrics import RequeueOutcome as RequeueOutcome
+from .metrics import ServiceSample as ServiceSample
 from .metrics import StreamEvent as StreamEvent
 from .producer import Producer as Producer
 from .prometheus import PrometheusRecorder as PrometheusRecorder
@@ -39,8 +42,10 @@ __all__ = (
     "ClusterNotSettled",
     "ConfigurationError",
     "ConsumerConfig",
+    "ConsumerStatistics",
     "DeadLetter",
     "DeadLetterReason",
+    "EntryOutcome",
     "HandlerDirective",
     "HandlerTimeout",
     "InvalidAssignment",
@@ -58,6 +63,7 @@ __all__ = (
     "RequeueOutcome",
     "Retry",
     "ScriptError",
+    "ServiceSample",
     "StreamConsumer",
     "StreamEvent",
     "StreamJobsError",

@@ -23,7 +23,10 @@ def is_expected(exc: BaseException) -> bool:
     return isinstance(exc, REDIS_FAILURES) and not isinstance(exc, UnexpectedClientError)
 
 
-def log_failure(logger: logging.Logger, what: str, exc: BaseException, delay_s: float) -> None:
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def log_failure(logger: Logger, what: str, exc: BaseException, delay_s: float) -> None:
     """One line for an expected Redis failure, the traceback for anything else."""
     if is_expected(exc):
         logger.warning("%s: %s; retrying in %.2fs", what, exc, delay_s)

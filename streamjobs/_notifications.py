@@ -43,7 +43,7 @@ from ._redis import (
 from .exceptions import ClusterNotSettled, PermissionDenied, RedisUnavailable
 from .metrics import MetricsRecorder
 
-log = logging.getLogger("streamjobs.notifications")
+log = logging.getLogger(__name__)
 
 KEYSPACE_EVENTS = "notify-keyspace-events"
 # ``A`` is an alias for ``g$lshzxetd`` (and more on newer servers), so it already
@@ -292,10 +292,19 @@ class ClusterWatcher:
             ClusterNotSettled: some node is not ``ok``, nodes disagree on slot owners, or
                 an owner is unreachable. Nothing was changed.
         """
-        view = await cluster_view(self._cluster)
+        try:
+            view = await cluster_view(self._cluster)
+        except Exception:
+            self._metrics.topology_reset(self._service, "failed")
+            raise
         if not view.settled:
+            self._metrics.topology_reset(self._service, "not_settled")
             raise ClusterNotSettled(view.reason)
-        await self._cluster.nodes_manager.initialize()
+        try:
+            await self._cluster.nodes_manager.initialize()
+        except Exception:
+            self._metrics.topology_reset(self._service, "failed")
+            raise
         done = self._rebuilt
         self._rebuild.set()
         await done.wait()
@@ -315,6 +324,9 @@ class ClusterWatcher:
             changed = anyio.Event()
             async with anyio.create_task_group() as tg:
                 ok = await self._subscribe_all(tg, view.primaries, changed)
+                if started:  # a rebuild: requested, a subscription died, primaries moved
+                    result = "ok" if len(ok) == len(view.primaries) else "partial"
+                    self._metrics.topology_reset(self._service, result if ok else "failed")
                 if not ok:
                     if not started:
                         raise RedisUnavailable(
@@ -349,11 +361,13 @@ class ClusterWatcher:
                     await self._ensure_flags(client)
                     await tg.start(self._node_subscription, client, addr, changed)
                 ok.append(addr)
+                self._metrics.keyspace_setup(self._service, "ok")
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
                 if not isinstance(exc, Exception):
                     raise
+                self._metrics.keyspace_setup(self._service, "failed")
                 self._metrics.notification(self._service, "subscribe_failed")
                 log.warning(
                     "cannot subscribe on primary %s:%s (%s)", addr[0], addr[1], describe(exc)

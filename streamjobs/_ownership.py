@@ -19,16 +19,18 @@ the stream, so a cancelled consumer leaves no lock or lease of its own behind.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
 
+from . import _tracing
 from ._backoff import Backoff
 from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
 from ._guard import log_failure
@@ -46,9 +48,9 @@ from .exceptions import (
     WrongKeyType,
 )
 from .message import Message
-from .metrics import MetricsRecorder, StreamEvent
+from .metrics import EntryOutcome, MetricsRecorder, StreamEvent
 
-log = logging.getLogger("streamjobs")
+log = logging.getLogger(__name__)
 
 PERMANENT = (WrongKeyType, ScriptError)
 """Errors about a data stream that no retry can fix: its assignment is dead-lettered."""
@@ -150,6 +152,16 @@ class Host(Protocol):
         """Run ``fn`` in the background, outliving the stream's own task."""
 
 
+async def _call_within(
+    handle: Callable[[Message], Awaitable[None]], timeout_s: float, message: Message
+) -> None:
+    """``handle(message)``, cancelled past ``timeout_s`` (a failed attempt)."""
+    with anyio.move_on_after(timeout_s) as scope:
+        await handle(message)
+    if scope.cancelled_caught:
+        raise HandlerTimeout(f"handle() did not return within {timeout_s}s")
+
+
 def _id_order(entry_id: str) -> tuple[int, int]:
     """A stream entry id as a sortable pair ((0, 0) if it is not one)."""
     ms, _, seq = entry_id.partition("-")
@@ -193,9 +205,12 @@ class OwnedStream:
         self.contended = False  # its lock stayed someone else's for a heartbeat interval
         self.acquire_error: str | None = None  # the last error of a failed acquire
         self.stale = False  # the assignment was no longer ours when we came to it
+        self.handling = False  # in a batch of handle() calls (statistics)
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
+        self.log = logging.LoggerAdapter(log, self.log_extra())
+        """This stream's logger: every line carries ``log_extra()`` as its ``extra``."""
 
     @property
     def stream(self) -> str:
@@ -250,7 +265,8 @@ class OwnedStream:
         self._notify()
         host = self.host
         host.metrics.stream_event(host.service, StreamEvent.LOST)
-        log.warning("lost stream %r (lock expired or taken over)", self.stream)
+        self.log.warning("lost stream %r (lock expired or taken over)", self.stream)
+        _tracing.mark("streamjobs.stream_lost", self.log_extra())
         # Reported now, not when the in-flight handler returns (it may run for long).
         host.spawn(self._report_lost)
 
@@ -295,7 +311,9 @@ class OwnedStream:
                     self.renew(sent)
                     host.adopt(self)
                     host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
+                    self.log.debug("acquired stream %r", self.stream)
                     await self._record_lease()
+                    await self._report_recovery()
                     return True
             except PERMANENT as exc:
                 self.unusable = exc
@@ -303,7 +321,7 @@ class OwnedStream:
             except Exception as exc:
                 self.acquire_error = f"{type(exc).__name__}: {exc}"
                 host.metrics.loop_error(host.service, "acquire")
-                log_failure(log, f"stream {self.stream!r}: acquire", exc, 0.0)
+                log_failure(self.log, f"stream {self.stream!r}: acquire", exc, 0.0)
             if time.monotonic() >= give_up_at:
                 host.metrics.stream_event(host.service, StreamEvent.CONTENDED)
                 self.contended = True
@@ -311,6 +329,35 @@ class OwnedStream:
             # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
             await anyio.sleep(backoff.next_delay())
         return False
+
+    async def _report_recovery(self) -> None:
+        """A recovered assignment (it carries ``_lost_at``): report how long the stream
+        went without an owner, on the server's clock."""
+        lost_at_ms = self.assignment.lost_at_ms
+        if lost_at_ms is None:
+            return
+        host = self.host
+        try:
+            now_ms = await host.gateway.server_time_ms()
+        except Exception:
+            return  # only a metric is lost
+        seconds = max(0, now_ms - lost_at_ms) / 1000
+        host.metrics.recovery_latency(host.service, seconds)
+        self.log.info(
+            "resumed stream %r %.2fs after its previous owner was lost (retry %d)",
+            self.stream,
+            seconds,
+            self.assignment.retry_count,
+        )
+
+    def log_extra(self) -> dict[str, str]:
+        """The ``extra`` of this stream's log lines (structured loggers pick them up)."""
+        return {
+            "service": self.host.service,
+            "consumer": self.host.name,
+            "stream": self.stream,
+            "assignment_id": self.assignment.id,
+        }
 
     async def _still_assigned(self) -> bool:
         """False if the assignment is no longer pending with this consumer.
@@ -325,11 +372,11 @@ class OwnedStream:
         try:
             owner = await host.gateway.pending_owner(self.assignment.id)
         except Exception as exc:
-            log_failure(log, f"stream {self.stream!r}: checking its assignment", exc, 0.0)
+            log_failure(self.log, f"stream {self.stream!r}: checking its assignment", exc, 0.0)
             return True
         if owner == host.name:
             return True
-        log.warning(
+        self.log.warning(
             "assignment %s of stream %r was re-queued or finished while this consumer "
             "was stalled: dropping it",
             self.assignment.id,
@@ -348,7 +395,7 @@ class OwnedStream:
             # Without a lease record a crash is still found, by the XPENDING scan after
             # min_idle_s instead of the lease sweep.
             host.metrics.loop_error(host.service, "acquire")
-            log_failure(log, f"stream {self.stream!r}: recording its lease", exc, 0.0)
+            log_failure(self.log, f"stream {self.stream!r}: recording its lease", exc, 0.0)
 
     async def _process(self) -> Outcome:
         """Hand the stream's entries to ``handle()`` until it ends, is lost or we stop."""
@@ -360,7 +407,6 @@ class OwnedStream:
         idle_timeout_s = host.config.stream_idle_timeout_s
         active_at = time.monotonic()  # last time an entry (or the acquisition) came
         claim = False  # the last read returned pending entries: claim before reading new
-        timeout_s = host.config.handler_timeout_s
         while True:
             if self.lost:
                 return Outcome.LOST
@@ -381,7 +427,7 @@ class OwnedStream:
                 claim = True  # a read whose reply was lost left entries pending with us
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
-                log_failure(log, f"stream {stream!r}", exc, delay)
+                log_failure(self.log, f"stream {stream!r}", exc, delay)
                 await self._pause(delay)
                 continue
             backoff.reset()
@@ -399,7 +445,7 @@ class OwnedStream:
                 try:
                     await host.hooks.on_stream_start(stream, self.assignment.info)
                 except Exception:
-                    log.exception("on_stream_start(%r) raised; continuing", stream)
+                    self.log.exception("on_stream_start(%r) raised; continuing", stream)
             if not batch:
                 idle_left_s = math.inf
                 if idle_timeout_s is not None:
@@ -409,35 +455,39 @@ class OwnedStream:
                 await self._wait_for_entries(top, idle_left_s)
                 continue
             active_at = time.monotonic()
-            handled = 0
-            started = time.perf_counter()
             info = self.assignment.info
-            handle = host.hooks.handle
+            call = self._caller()
+            perf = time.perf_counter
             monotonic = time.monotonic
-            for entry_id, fields in batch:
-                if fields.get(EOS_FIELD) == EOS_VALUE or self.finish_requested:
-                    self._count_handled(handled, started)
-                    if is_eos(fields):
-                        self._eos = [entry_id]
-                    return await self._finish()
-                # Hot path: one clock read and no extra await per entry while the
-                # lock was proved ours within RECHECK_AFTER_S and the local lease is
-                # valid; the slow path re-reads the lock, or waits for a heartbeat.
-                if (
-                    self.lost or host.draining or monotonic() >= self.check_at
-                ) and not await self._lease_valid():
-                    break
-                try:
-                    if timeout_s is None:
-                        await handle(Message(stream, entry_id, fields, info, 1))
-                    else:
-                        await self._call_with_timeout(Message(stream, entry_id, fields, info, 1))
-                except Exception as exc:
-                    if not await self._retry_entry(entry_id, fields, exc):
+            durations: list[float] = []
+            self.handling = True
+            try:
+                for entry_id, fields in batch:
+                    if fields.get(EOS_FIELD) == EOS_VALUE or self.finish_requested:
+                        self._count_handled(durations)
+                        if is_eos(fields):
+                            self._eos = [entry_id]
+                        return await self._finish()
+                    # Hot path: one clock read and no extra await per entry while the
+                    # lock was proved ours within RECHECK_AFTER_S and the local lease
+                    # is valid; the slow path re-reads the lock, or waits for a
+                    # heartbeat.
+                    if (
+                        self.lost or host.draining or monotonic() >= self.check_at
+                    ) and not await self._lease_valid():
                         break
-                handled += 1
-                self.to_ack.append(entry_id)
-            self._count_handled(handled, started)
+                    started = perf()
+                    try:
+                        await call(Message(stream, entry_id, fields, info, 1))
+                    except Exception as exc:
+                        if not await self._retry_entry(entry_id, fields, exc, started):
+                            break
+                    else:
+                        durations.append(perf() - started)
+                    self.to_ack.append(entry_id)
+            finally:
+                self.handling = False
+            self._count_handled(durations)
             if self.finish_requested:
                 return await self._finish()
 
@@ -456,21 +506,29 @@ class OwnedStream:
         cfg = self.host.config
         return max(1, min(cfg.read_batch_size, cfg.read_batch_bytes // max(1, entry_bytes)))
 
-    async def _call_with_timeout(self, message: Message) -> None:
-        """``handle(message)``, cancelled past ``handler_timeout_s`` (a failed attempt)."""
-        timeout_s = self.host.config.handler_timeout_s
-        if timeout_s is None:
-            await self.host.hooks.handle(message)
-            return
-        with anyio.move_on_after(timeout_s) as scope:
-            await self.host.hooks.handle(message)
-        if scope.cancelled_caught:
-            raise HandlerTimeout(f"handle() did not return within {timeout_s}s")
+    def _caller(self) -> Callable[[Message], Awaitable[None]]:
+        """What calls ``handle()``: the user's method itself, unless a call has a time
+        limit (``handler_timeout_s``) or a tracer provider is configured (a CONSUMER
+        span per call). Looked up once per batch."""
+        host = self.host
+        call: Callable[[Message], Awaitable[None]] = host.hooks.handle
+        timeout_s = host.config.handler_timeout_s
+        if timeout_s is not None:
+            call = functools.partial(_call_within, call, timeout_s)
+        tracer = _tracing.tracer()
+        if tracer is not None:
+            call = functools.partial(
+                _tracing.handle_in_span,
+                tracer,
+                call,
+                group=host.gateway.keys.group,
+                consumer=host.name,
+            )
+        return call
 
-    def _count_handled(self, handled: int, started: float) -> None:
-        if handled:
-            host = self.host
-            host.metrics.entries_handled(host.service, handled, time.perf_counter() - started)
+    def _count_handled(self, durations: list[float]) -> None:
+        if durations:
+            self.host.metrics.entries_handled(self.host.service, EntryOutcome.OK, durations)
 
     async def _wait_for_entries(self, top: str, longest_s: float = math.inf) -> None:
         host = self.host
@@ -488,7 +546,7 @@ class OwnedStream:
             except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = Backoff().next_delay()
-                log_failure(log, f"stream {self.stream!r}: waiting for entries", exc, delay)
+                log_failure(self.log, f"stream {self.stream!r}: waiting for entries", exc, delay)
                 await anyio.sleep(delay)
         self._wait_scope = None
 
@@ -533,11 +591,11 @@ class OwnedStream:
         except Exception as exc:
             # Redis cannot say: the local lease still bounds the risk. Ask again later.
             host.metrics.loop_error(host.service, "stream")
-            log_failure(log, f"stream {self.stream!r}: re-reading its lock", exc, 0.0)
+            log_failure(self.log, f"stream {self.stream!r}: re-reading its lock", exc, 0.0)
             self.confirmed(sent)
             return not self._stopping()
         if holder != self.token:
-            log.warning(
+            self.log.warning(
                 "stream %r: its lock %s before its TTL (operator, eviction or a server "
                 "clock step?)",
                 self.stream,
@@ -548,8 +606,11 @@ class OwnedStream:
         self.confirmed(sent)
         return not self._stopping()
 
-    async def _retry_entry(self, entry_id: str, fields: dict[str, str], first: Exception) -> bool:
-        """Attempts 2.. of an entry whose first ``handle()`` call raised ``first``.
+    async def _retry_entry(
+        self, entry_id: str, fields: dict[str, str], first: Exception, started: float
+    ) -> bool:
+        """Attempts 2.. of an entry whose first ``handle()`` call, begun at ``started``
+        (``time.perf_counter()``), raised ``first``.
 
         Returns:
             True if the entry is done (handled or dead-lettered), False if the stream
@@ -568,23 +629,32 @@ class OwnedStream:
                 backoff_max_s=cfg.handler_backoff_max_s,
             )
             if isinstance(step, GiveUp):
-                log.warning(
+                self.log.warning(
                     "stream %r entry %s failed %d time(s) (%s): dead-lettering it",
                     self.stream,
                     entry_id,
                     attempt,
                     step.error,
                 )
-                return await self._dead_letter(entry_id, fields, attempt, step.error)
+                if not await self._dead_letter(entry_id, fields, attempt, step.error):
+                    return False
+                self._count_one(EntryOutcome.DEAD_LETTERED, started)
+                return True
             if not await self._pause(step.delay_s) or not await self._lease_valid():
                 return False
             attempt += 1
             message = Message(self.stream, entry_id, fields, self.assignment.info, attempt)
             try:
-                await self._call_with_timeout(message)
-                return True
+                await self._caller()(message)
             except Exception as exc:
                 error = exc
+                continue
+            self._count_one(EntryOutcome.RETRIED, started)
+            return True
+
+    def _count_one(self, outcome: EntryOutcome, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        self.host.metrics.entries_handled(self.host.service, outcome, (elapsed,))
 
     async def _dead_letter(
         self, entry_id: str, fields: dict[str, str], attempts: int, error: str
@@ -607,11 +677,16 @@ class OwnedStream:
             except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
-                log_failure(log, f"stream {self.stream!r}: writing a dead letter", exc, delay)
+                log_failure(self.log, f"stream {self.stream!r}: writing a dead letter", exc, delay)
                 if not await self._pause(delay):
                     return False
                 continue
             host.metrics.dead_lettered(host.service, DeadLetterReason.HANDLER_FAILED)
+            _tracing.mark(
+                "streamjobs.dead_letter",
+                {**self.log_extra(), "entry_id": entry_id, "reason": "handler_failed"},
+                parent=fields,
+            )
             if trimmed > 0:
                 host.metrics.dlq_trimmed(host.service, trimmed)
             return True
@@ -628,7 +703,7 @@ class OwnedStream:
             except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
-                log_failure(log, f"stream {self.stream!r}: finishing", exc, delay)
+                log_failure(self.log, f"stream {self.stream!r}: finishing", exc, delay)
                 if not await self._pause(delay):
                     return Outcome.LOST if self.lost else Outcome.STOPPED
         if not done:
@@ -639,7 +714,7 @@ class OwnedStream:
         try:
             await host.hooks.on_stream_end(self.stream)
         except Exception:
-            log.exception("on_stream_end(%r) raised", self.stream)
+            self.log.exception("on_stream_end(%r) raised", self.stream)
         return Outcome.FINISHED
 
     async def _already_finished(self, top: str) -> bool:
@@ -657,7 +732,7 @@ class OwnedStream:
         try:
             return await self.host.gateway.is_end_marker(self.stream, top)
         except Exception as exc:
-            log_failure(log, f"stream {self.stream!r}: reading its newest entry", exc, 0.0)
+            log_failure(self.log, f"stream {self.stream!r}: reading its newest entry", exc, 0.0)
             return False
 
     async def _complete_silently(self) -> Outcome:
@@ -666,12 +741,14 @@ class OwnedStream:
         No hook is called: the stream's work was done (and reported) before. The
         completion gives the stream back its retention, which acquiring it cleared.
         """
-        log.info("stream %r was already handled to its end: completing its assignment", self.stream)
+        self.log.info(
+            "stream %r was already handled to its end: completing its assignment", self.stream
+        )
         self._ending = True
         try:
             await self._complete()
         except Exception as exc:
-            log_failure(log, f"stream {self.stream!r}: completing", exc, 0.0)
+            log_failure(self.log, f"stream {self.stream!r}: completing", exc, 0.0)
             return Outcome.STOPPED  # handed back; the next owner finds the same
         self.host.disown(self)
         return Outcome.SETTLED
@@ -682,7 +759,7 @@ class OwnedStream:
         Nothing of it is left to handle: its assignment is completed like a finished
         one, so that the slot, the lock, the lease and the assignment do not leak.
         """
-        log.warning(
+        self.log.warning(
             "stream %r vanished while owned (deleted, expired, or its group destroyed: "
             "%s): completing its assignment",
             self.stream,
@@ -693,7 +770,7 @@ class OwnedStream:
     async def _dead_letter_assignment(self, exc: Exception) -> Outcome:
         """The data stream cannot be used (a key of another type, a script error): retrying
         cannot help, so the assignment goes to the dead-letter stream, then the lock."""
-        log.error(
+        self.log.error(
             "stream %r cannot be processed (%s): dead-lettering its assignment", self.stream, exc
         )
         return await self._end_dead_lettered(
@@ -706,7 +783,7 @@ class OwnedStream:
         Its dead letter says why (and can be replayed); the stream gets the retention
         of a finished one, so an empty stream made by acquiring it does not stay.
         """
-        log.warning(
+        self.log.warning(
             "stream %r got no entry for %gs (stream_idle_timeout_s): dead-lettering its assignment",
             self.stream,
             idle_timeout_s,
@@ -738,7 +815,7 @@ class OwnedStream:
             except Exception as failure:
                 delay = backoff.next_delay()
                 host.metrics.loop_error(host.service, "stream")
-                log_failure(log, f"dead-lettering stream {self.stream!r}", failure, delay)
+                log_failure(self.log, f"dead-lettering stream {self.stream!r}", failure, delay)
                 if not await self._pause(delay):
                     return Outcome.LOST if self.lost else Outcome.STOPPED
         host.disown(self)
@@ -762,7 +839,7 @@ class OwnedStream:
                     if self.acquire_error is None
                     else f"taking the stream's lock kept failing: {self.acquire_error}"
                 )
-                log.warning(
+                self.log.warning(
                     "assignment %s never got the lock of %r (%s): dead-lettering it",
                     self.assignment.id,
                     self.stream,
@@ -778,7 +855,9 @@ class OwnedStream:
             else:
                 await host.gateway.requeue(self.assignment.id, nxt)
         except Exception as exc:
-            log_failure(log, f"stream {self.stream!r}: giving back a contended assignment", exc, 0)
+            log_failure(
+                self.log, f"stream {self.stream!r}: giving back a contended assignment", exc, 0
+            )
             return Outcome.STOPPED  # the plain hand-back then tries, without a count
         return Outcome.SETTLED
 
@@ -831,7 +910,7 @@ class OwnedStream:
             try:
                 await self.host.hooks.on_stream_lost(self.stream)
             except Exception:
-                log.exception("on_stream_lost(%r) raised", self.stream)
+                self.log.exception("on_stream_lost(%r) raised", self.stream)
 
     async def _settle(self, outcome: Outcome) -> None:
         """Clean-up after the stream's task ended (shielded): hand back what is unfinished."""
@@ -857,7 +936,7 @@ class OwnedStream:
         try:
             done = await self._complete()
         except Exception as exc:
-            log_failure(log, f"stream {self.stream!r}: finishing on exit", exc, 0.0)
+            log_failure(self.log, f"stream {self.stream!r}: finishing on exit", exc, 0.0)
             await self._hand_back()
             return
         if done:
@@ -890,8 +969,13 @@ class OwnedStream:
             await gw.release(self.stream, self.token, -1)
         except Exception as exc:
             log_failure(
-                log, f"could not hand back stream {self.stream!r}: it will be recovered", exc, 0.0
+                self.log,
+                f"could not hand back stream {self.stream!r}: it will be recovered",
+                exc,
+                0.0,
             )
             return
         if self.acquired:
             host.metrics.stream_event(host.service, StreamEvent.HANDED_BACK)
+            self.log.info("handed back stream %r", self.stream)
+            _tracing.mark("streamjobs.hand_back", self.log_extra())

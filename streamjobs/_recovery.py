@@ -8,13 +8,17 @@ XPENDING reconciliation scan and ``StreamConsumer.claim()``
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 
+from . import _tracing
 from ._deadletter import DeadLetterReason, assignment_meta
 from ._redis import EntryTooLarge, RawFields, StreamGateway
 from ._wire import Assignment, parse_assignment, parse_retry_count
 from .exceptions import InvalidAssignment
 from .metrics import MetricsRecorder, RequeueOutcome
+
+log = logging.getLogger(__name__)
 
 
 class Action(enum.Enum):
@@ -66,15 +70,36 @@ class Recoverer:
     """Carries out recovery decisions for one service."""
 
     def __init__(
-        self, gateway: StreamGateway, *, max_retries: int, metrics: MetricsRecorder, service: str
+        self,
+        gateway: StreamGateway,
+        *,
+        max_retries: int,
+        metrics: MetricsRecorder,
+        service: str,
+        consumer: str = "",
     ) -> None:
         self._gw = gateway
         self._max_retries = max_retries
         self._metrics = metrics
         self._service = service
+        self._consumer = consumer
 
-    async def recover(self, assignment_id: str, *, owner: str = "") -> RequeueOutcome:
+    def _extra(self, assignment_id: str, stream: str = "") -> dict[str, str]:
+        return {
+            "service": self._service,
+            "consumer": self._consumer,
+            "stream": stream,
+            "assignment_id": assignment_id,
+        }
+
+    async def recover(
+        self, assignment_id: str, *, owner: str = "", lost_at_ms: int | None = None
+    ) -> RequeueOutcome:
         """Re-queue or dead-letter one pending assignment whose lock is gone.
+
+        ``lost_at_ms`` is its lock's deadline if the caller knows it (the lease sweep);
+        otherwise the entry's lease deadline is used, or now. The copy carries it, and
+        the consumer that resumes the stream reports the recovery latency from it.
 
         One with too many fields to re-queue is dead-lettered as ``too_large``.
 
@@ -107,7 +132,11 @@ class Recoverer:
             return self._count(RequeueOutcome.OWNER_ALIVE)
         if decision.action is Action.REQUEUE:
             try:
-                new_id = await self._gw.requeue(assignment_id, decision.retry_count)
+                new_id = await self._gw.requeue(
+                    assignment_id,
+                    decision.retry_count,
+                    lost_at="lease" if lost_at_ms is None else lost_at_ms,
+                )
             except EntryTooLarge as exc:
                 # Refused before any write, so it is still pending: a copy cannot be
                 # made, but a dead letter can (its fields carried as JSON).
@@ -115,9 +144,23 @@ class Recoverer:
                     Action.DEAD_LETTER, DeadLetterReason.TOO_LARGE, decision.retry_count, str(exc)
                 )
             else:
-                return self._count(
-                    RequeueOutcome.LOST_RACE if new_id is None else RequeueOutcome.REQUEUED
+                if new_id is None:
+                    return self._count(RequeueOutcome.LOST_RACE)
+                assert isinstance(parsed, Assignment)
+                extra = self._extra(assignment_id, parsed.stream)
+                log.info(
+                    "re-queued assignment %s of stream %r as %s (retry %d of %d): its "
+                    "owner %s is gone",
+                    assignment_id,
+                    parsed.stream,
+                    new_id,
+                    decision.retry_count,
+                    self._max_retries,
+                    repr(owner) if owner else "",
+                    extra=extra,
                 )
+                _tracing.mark("streamjobs.requeue", {**extra, "retry_count": decision.retry_count})
+                return self._count(RequeueOutcome.REQUEUED)
         assert decision.reason is not None
         if not owner:
             owner = await self._gw.pending_owner(assignment_id)
@@ -163,6 +206,16 @@ class Recoverer:
         moved = await self._gw.dead_letter_assignment(assignment_id, meta)
         if moved is None:
             return False
+        extra = self._extra(assignment_id)
+        log.warning(
+            "dead-lettered assignment %s (%s, retry %d) as %s",
+            assignment_id,
+            reason.value,
+            retry_count,
+            moved[0],
+            extra=extra,
+        )
+        _tracing.mark("streamjobs.dead_letter", {**extra, "reason": reason.value})
         self._metrics.dead_lettered(self._service, reason)
         if moved[1] > 0:
             self._metrics.dlq_trimmed(self._service, moved[1])

@@ -38,7 +38,7 @@ from ._redis import StreamGateway, client_db
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder
 
-log = logging.getLogger("streamjobs.recovery")
+log = logging.getLogger(__name__)
 
 _STABLE_SUBSCRIPTION_S = 10.0
 """A subscription that lasted this long had worked: its loss re-subscribes at once.
@@ -76,6 +76,8 @@ class RecoveryLoops:
         self._service = gateway.keys.service
         self._wake = anyio.Event()
         self._cursor = "-"
+        self.inspected = 0
+        """Pending entries read by the current (or last) reconciliation pass."""
         self._watcher: ClusterWatcher | None = None
         if cluster_mode is ClusterMode.OSS:
             self._watcher = ClusterWatcher(
@@ -112,11 +114,13 @@ class RecoveryLoops:
         """Recover assignments whose lease is due; returns how many were looked at."""
         recheck_ms = max(100, self._consumer.lock_ttl_ms // 2)
         due = await self._gw.sweep_leases(horizon_ms, _SWEEP_LIMIT, recheck_ms)
-        for assignment_id in due:
-            await self._recover_one(assignment_id, "")
+        for assignment_id, deadline_ms in due:
+            await self._recover_one(assignment_id, "", deadline_ms)
         return len(due)
 
-    async def _recover_one(self, assignment_id: str, owner: str) -> None:
+    async def _recover_one(
+        self, assignment_id: str, owner: str, lost_at_ms: int | None = None
+    ) -> None:
         """Recover one assignment; a failure is logged and counted, never stops a pass.
 
         One entry that cannot be recovered (whatever the reason) must not keep the
@@ -124,7 +128,7 @@ class RecoveryLoops:
         its re-check delay, and the scan finds it on a later pass.
         """
         try:
-            await self._recoverer.recover(assignment_id, owner=owner)
+            await self._recoverer.recover(assignment_id, owner=owner, lost_at_ms=lost_at_ms)
         except Exception as exc:
             self._metrics.loop_error(self._service, "recover")
             log_failure(log, f"recovering assignment {assignment_id}", exc, 0.0)
@@ -162,6 +166,7 @@ class RecoveryLoops:
         cfg = self._cfg
         start = self._cursor if cursor is None else cursor
         page = await self._gw.pending_page(round(cfg.min_idle_s * 1000), start, cfg.batch_size)
+        self.inspected += len(page)
         after = "-" if len(page) < cfg.batch_size else f"({page[-1].id}"
         self._cursor = after
         if not page:
@@ -172,7 +177,7 @@ class RecoveryLoops:
         for entry, score in zip(page, scores, strict=True):
             if score is not None and score > now_ms:
                 continue  # a live lease: the sweep will look at it when it is due
-            await self._recover_one(entry.id, entry.consumer)
+            await self._recover_one(entry.id, entry.consumer, None if score is None else int(score))
             tried += 1
         return tried, after
 
@@ -188,7 +193,9 @@ class RecoveryLoops:
         cfg = self._cfg
         if not await self._gw.take_scan_lease(self._name, round(cfg.interval_s * 1000)):
             return None
-        deadline = time.monotonic() + cfg.scan_budget_s
+        began = time.monotonic()
+        deadline = began + cfg.scan_budget_s
+        self.inspected = 0
         cursor = await self._gw.scan_cursor()
         pages = 0
         while True:
@@ -196,6 +203,7 @@ class RecoveryLoops:
             await self._gw.save_scan_cursor(cursor)
             pages += 1
             if cursor == "-" or time.monotonic() >= deadline:
+                self._metrics.scan_pass(self._service, time.monotonic() - began, self.inspected)
                 return pages
 
     async def _scan_loop(self) -> None:
@@ -256,6 +264,7 @@ class RecoveryLoops:
         first = True
         while True:
             began = time.monotonic()
+            subscribed = False
             try:
                 if not first:
                     # A server restarted without persistence forgot the flags; set
@@ -271,9 +280,13 @@ class RecoveryLoops:
                         self._metrics,
                         self._service,
                     )
+                    subscribed = True
+                    self._metrics.keyspace_setup(self._service, "ok")
                     # Events may have been missed while we were not subscribed.
                     self.wake_sweep()
             except Exception as exc:  # refused, connection lost, or a slow subscriber
+                if not subscribed:
+                    self._metrics.keyspace_setup(self._service, "failed")
                 if time.monotonic() - began >= _STABLE_SUBSCRIPTION_S:
                     backoff.reset()  # it had worked: come back quickly
                 delay = backoff.next_delay()

@@ -26,9 +26,10 @@ import contextlib
 import contextvars
 import functools
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar
 
 import anyio
 from redis import exceptions as rex
@@ -36,7 +37,7 @@ from redis import exceptions as rex
 from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
 from ._scripts import MAX_COPY_VALUES, NAMES, Scripts, source
-from ._wire import FIRST_ID_FIELD, RETRY_FIELD, STREAM_FIELD, is_eos
+from ._wire import FIRST_ID_FIELD, LOST_AT_FIELD, RETRY_FIELD, STREAM_FIELD, is_eos
 from .exceptions import (
     ConfigurationError,
     NoSuchGroup,
@@ -47,11 +48,14 @@ from .exceptions import (
     StreamJobsError,
     WrongKeyType,
 )
+from .metrics import ServiceSample
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 RawFields = dict[str, bytes | str]
+LostAt = int | Literal["lease"] | None
+"""When a re-queued assignment's previous owner was lost (see ``Gateway.requeue``)."""
 Entry = tuple[str, dict[str, str]]
 Addr = tuple[str, int]
 SlotMap = dict[tuple[int, int], Addr]
@@ -155,13 +159,16 @@ def _translating(
     def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             try:
-                return await fn(*args, **kwargs)
+                result = await fn(*args, **kwargs)
             except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
                 raise translate(exc, in_script=in_script) from exc
             except StreamJobsError:
                 raise
             except Exception as exc:
                 raise UnexpectedClientError(f"{type(exc).__name__}: {exc}") from exc
+            if args and isinstance(args[0], Gateway):
+                args[0].last_ok = time.monotonic()  # readiness: Redis answered
+            return result
 
         @functools.wraps(fn)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -304,8 +311,12 @@ class StreamGateway(Protocol):
     async def pending_owner(self, entry_id: str) -> str: ...
     async def lease_scores(self, ids: Sequence[str]) -> list[float | None]: ...
     async def server_time_ms(self) -> int: ...
+    async def ping(self) -> None: ...
+    async def sample(self) -> ServiceSample: ...
     async def finish(self, assignment_id: str) -> bool: ...
-    async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None: ...
+    async def requeue(
+        self, assignment_id: str, retry_count: int | None, *, lost_at: LostAt = None
+    ) -> str | None: ...
     async def dead_letter_assignment(
         self, assignment_id: str, meta: Pairs
     ) -> tuple[str, int] | None: ...
@@ -335,7 +346,9 @@ class StreamGateway(Protocol):
     async def seal(
         self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
     ) -> bool: ...
-    async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]: ...
+    async def sweep_leases(
+        self, horizon_ms: int, limit: int, recheck_ms: int
+    ) -> list[tuple[str, int]]: ...
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]: ...
     async def take_scan_lease(self, owner: str, ttl_ms: int) -> bool: ...
     async def unblock(self, client_id: int) -> bool: ...
@@ -367,6 +380,8 @@ class Gateway:
         self.max_copy_values = MAX_COPY_VALUES
         self.scripts = Scripts(client)
         self._is_cluster = hasattr(client, "get_primaries")
+        self.last_ok: float | None = None
+        """When (``time.monotonic()``) a command of this gateway last got a reply."""
 
     # -- producer writes -----------------------------------------------------------
 
@@ -494,6 +509,31 @@ class Gateway:
         now_s, now_us = await self.client.time()
         return int(now_s) * 1000 + int(now_us) // 1000
 
+    @translated
+    async def ping(self) -> None:
+        await self.client.ping()
+
+    @translated
+    async def sample(self) -> ServiceSample:
+        """Pending assignments and the oldest one's age, the DLQ's length and the
+        consumer names of the group: four reads, none of them proportional to the
+        data (XPENDING's summary form, XLEN, XINFO GROUPS, TIME)."""
+        summary = await self.client.xpending(self.keys.assignments, self.keys.group)
+        dlq_length = await self.client.xlen(self.dlq)
+        groups = await self.client.xinfo_groups(self.keys.assignments)
+        now_ms = await self.server_time_ms()
+        pending = int(summary.get("pending", 0) or 0)
+        oldest = summary.get("min")
+        age_s = 0.0
+        if pending and oldest:
+            age_s = max(0.0, (now_ms - int(text(oldest).split("-")[0])) / 1000)
+        consumers = next(
+            (int(g["consumers"]) for g in groups if text(g["name"]) == self.keys.group), 0
+        )
+        return ServiceSample(
+            pending=pending, oldest_pending_age_s=age_s, dlq_length=dlq_length, consumers=consumers
+        )
+
     @script
     async def finish(self, assignment_id: str) -> bool:
         """Ack and delete a completed assignment; False if it was no longer pending.
@@ -508,8 +548,14 @@ class Gateway:
         return int(r) == 1
 
     @script
-    async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+    async def requeue(
+        self, assignment_id: str, retry_count: int | None, *, lost_at: LostAt = None
+    ) -> str | None:
         """Atomic XACK-first re-queue; ``retry_count`` None keeps the entry's own count.
+
+        ``lost_at`` is when the previous owner was lost (server ms), or ``"lease"`` (the
+        entry's lease deadline, or now), for a recovery; the copy carries it in
+        ``_lost_at``. None for anything else (a hand-back): the copy has no such field.
 
         Returns the new entry's id, or None if the entry was not pending (someone else
         re-queued or finished it). Its lease is forgotten either way. If the active-
@@ -531,6 +577,8 @@ class Gateway:
                 self.max_copy_values,
                 STREAM_FIELD,
                 FIRST_ID_FIELD,
+                LOST_AT_FIELD,
+                "" if lost_at is None else str(lost_at),
             ],
         )
         return None if r is None else text(r)
@@ -875,9 +923,12 @@ class Gateway:
         return None if token is None else text(token)
 
     @script
-    async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
+    async def sweep_leases(
+        self, horizon_ms: int, limit: int, recheck_ms: int
+    ) -> list[tuple[str, int]]:
+        """Claim due leases: (assignment id, its deadline in server ms) each."""
         r = await self.scripts.sweep(keys=[self.keys.leases], args=[horizon_ms, limit, recheck_ms])
-        return [text(m) for m in r]
+        return [(text(r[i]), int(float(text(r[i + 1])))) for i in range(0, len(r), 2)]
 
     @script
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]:

@@ -33,6 +33,7 @@ from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
 from ._redis import REDIS_FAILURES, Gateway, RawFields, StreamGateway, eviction_policies
+from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
 from ._wire import parse_assignment
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
@@ -41,11 +42,19 @@ from .exceptions import (
     InvalidAssignment,
     NoSuchGroup,
     PermissionDenied,
+    RedisUnavailable,
     StreamJobsError,
 )
-from .metrics import MetricsRecorder, RequeueOutcome
+from .metrics import MetricsRecorder, NullRecorder, RequeueOutcome, complete
 
-log = logging.getLogger("streamjobs")
+log = logging.getLogger(__name__)
+
+PULSE_S = 1.0
+"""How often the pulse loop turns, and how long Redis may be silent before a PING."""
+READY_WITHIN_S = 5.0
+"""Ready only if a command got a reply this recently."""
+HEALTHY_WITHIN_S = 10.0
+"""Healthy only if the pulse loop turned this recently (the event loop is not stuck)."""
 
 
 class Runtime:
@@ -74,12 +83,19 @@ class Runtime:
         self.gateway = gateway
         self.client = client
         self.config = config
-        self.metrics = metrics
+        self.tally = Tally(complete(metrics))
+        self.metrics: MetricsRecorder = self.tally
+        # Sampling the queue is for a recorder's gauges: not done for the default one.
+        self._sampled = type(metrics) is not NullRecorder
         self.name = name
         self.service = gateway.keys.service
         self.cluster_mode = cluster_mode
         self.recoverer = Recoverer(
-            gateway, max_retries=recovery.max_retries, metrics=metrics, service=self.service
+            gateway,
+            max_retries=recovery.max_retries,
+            metrics=self.metrics,
+            service=self.service,
+            consumer=name,
         )
         self.loops = RecoveryLoops(
             client,
@@ -88,7 +104,7 @@ class Runtime:
             recovery=recovery,
             consumer=config,
             cluster_mode=cluster_mode,
-            metrics=metrics,
+            metrics=self.metrics,
             name=name,
         )
         self.owned: dict[str, OwnedStream] = {}
@@ -98,7 +114,7 @@ class Runtime:
                 client,
                 gateway,
                 block_ms=config.read_block_ms,
-                metrics=metrics,
+                metrics=self.metrics,
                 service=self.service,
             )
             if cluster_mode is ClusterMode.NONE and client is not None
@@ -114,6 +130,8 @@ class Runtime:
         self._ready = anyio.Event()
         self._draining = False
         self.running = False
+        self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
+        self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
 
@@ -148,6 +166,56 @@ class Runtime:
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: running, with an event loop that turned within
+        ``HEALTHY_WITHIN_S``. Safe to call from another thread (reads numbers only)."""
+        if not (self.running and self._ready.is_set()):
+            return False, "not running"
+        silent_s = time.monotonic() - self._pulse_at
+        if silent_s >= HEALTHY_WITHIN_S:
+            return False, f"event loop stuck: no turn for {silent_s:.1f}s"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness: healthy, Redis answered within ``READY_WITHIN_S``, and the
+        assignment group exists. Safe to call from another thread."""
+        ok, why = self.health()
+        if not ok:
+            return ok, why
+        last_ok = getattr(self.gateway, "last_ok", None)
+        if last_ok is None:
+            return False, "Redis has not answered yet"
+        silent_s = time.monotonic() - last_ok
+        if silent_s >= READY_WITHIN_S:
+            return False, f"Redis has not answered for {silent_s:.1f}s"
+        if self._group_missing:
+            return False, "the assignment stream's consumer group does not exist"
+        return True, "ready"
+
+    def statistics(self) -> ConsumerStatistics:
+        t = self.tally
+        last_ok = getattr(self.gateway, "last_ok", None)
+        return ConsumerStatistics(
+            service=self.service,
+            consumer=self.name,
+            running=self.running and self._ready.is_set(),
+            healthy=self.health()[0],
+            ready=self.readiness()[0],
+            owned_streams=len(self.owned_streams()),
+            in_flight_handlers=sum(1 for o in self._streams if o.handling),
+            last_redis_ok_at=None if last_ok is None else _wall(last_ok),
+            last_scan_at=t.last_scan_at,
+            entries=dict(t.entries),
+            stream_events=dict(t.stream_events),
+            recoveries=dict(t.recoveries),
+            dead_letters=dict(t.dead_letters),
+            handler_failures=t.handler_failures,
+            heartbeats_failed=t.heartbeats_failed,
+            loop_errors=dict(t.loop_errors),
+            notifications=dict(t.notifications),
+            scan_passes=t.scan_passes,
+        )
 
     def finish(self, stream: str) -> None:
         owned = self.owned.get(stream)
@@ -201,6 +269,9 @@ class Runtime:
                     await tg.start(self.waiter.run)
                 tg.start_soon(self._heartbeat_loop)
                 tg.start_soon(self._intake_loop)
+                tg.start_soon(self._pulse_loop)
+                if self._sampled and self.config.sample_interval_s is not None:
+                    tg.start_soon(self._sample_loop, self.config.sample_interval_s)
                 await self.loops.start(tg)
                 self._ready.set()
                 task_status.started()
@@ -298,7 +369,11 @@ class Runtime:
             # A bug, not a Redis failure (those are handled inside): the stream already
             # settled (handed back or left to recovery); the consumer carries on.
             self.metrics.loop_error(self.service, "stream")
-            log.exception("stream %r: unexpected error; it was given up", stream.stream)
+            log.exception(
+                "stream %r: unexpected error; it was given up",
+                stream.stream,
+                extra=stream.log_extra(),
+            )
         finally:
             self._streams.discard(stream)
             self._wake_intake()
@@ -324,10 +399,12 @@ class Runtime:
                     batch = await self._read_assignments(free)
                 except Exception as exc:
                     if isinstance(exc, NoSuchGroup):  # the LBS or its group was deleted
+                        self._group_missing = True
                         with contextlib.suppress(*REDIS_FAILURES):
                             await self.gateway.ensure_group()
                     await guard.failed(exc, "intake")
                     continue
+                self._group_missing = False
                 guard.ok()
                 await self._take(batch)
         finally:
@@ -368,13 +445,49 @@ class Runtime:
     async def _dead_letter_unparseable(
         self, entry_id: str, fields: RawFields, exc: InvalidAssignment
     ) -> None:
-        log.warning("assignment %s is unparseable (%.600s): dead-lettering it", entry_id, exc)
+        log.warning(
+            "assignment %s is unparseable (%.600s): dead-lettering it",
+            entry_id,
+            exc,
+            extra={"service": self.service, "consumer": self.name, "assignment_id": entry_id},
+        )
         try:
             await self.recoverer.dead_letter_unparseable(entry_id, fields, exc, owner=self.name)
         except Exception as failure:
             # Still pending with no lock: the reconciliation scan dead-letters it later.
             self.metrics.loop_error(self.service, "intake")
             log_failure(log, f"dead-lettering assignment {entry_id}", failure, 0.0)
+
+    async def _pulse_loop(self) -> None:
+        """Proves the event loop turns (liveness) and that Redis answers (readiness):
+        a PING when no other command got a reply for ``PULSE_S``."""
+        guard = LoopGuard("pulse", self.service, self.metrics, log)
+        while True:
+            self._pulse_at = time.monotonic()
+            last_ok = getattr(self.gateway, "last_ok", None)
+            if last_ok is None or self._pulse_at - last_ok >= PULSE_S:
+                try:
+                    with anyio.fail_after(READY_WITHIN_S):
+                        await self.gateway.ping()
+                    guard.ok()
+                except TimeoutError:
+                    guard.record(RedisUnavailable("PING got no reply"), "ping")
+                except Exception as exc:
+                    guard.record(exc, "ping")
+            await anyio.sleep(PULSE_S)
+
+    async def _sample_loop(self, interval_s: float) -> None:
+        """Samples the service's queue for the recorder's gauges."""
+        guard = LoopGuard("sample", self.service, self.metrics, log)
+        while True:
+            try:
+                sample = await self.gateway.sample()
+            except Exception as exc:
+                await guard.failed(exc, "sampling the queue")
+                continue
+            guard.ok()
+            self.metrics.service_sampled(self.service, sample)
+            await anyio.sleep(interval_s)
 
     async def _heartbeat_loop(self) -> None:
         cfg = self.config
@@ -419,6 +532,11 @@ class Runtime:
             except Exception as exc:
                 self.metrics.loop_error(self.service, "heartbeat")
                 log_failure(log, "recording leases", exc, 0.0)
+
+
+def _wall(monotonic_at: float) -> float:
+    """A ``time.monotonic()`` instant as wall-clock seconds since the epoch."""
+    return time.time() - (time.monotonic() - monotonic_at)
 
 
 async def _started_run(

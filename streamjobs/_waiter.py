@@ -29,7 +29,7 @@ from ._guard import LoopGuard
 from ._redis import BlockingReader, StreamGateway
 from .metrics import MetricsRecorder
 
-log = logging.getLogger("streamjobs")
+log = logging.getLogger(__name__)
 
 IDLE_RECHECK_S = 30.0
 """How often an idle stream reads again by itself while the waiter works (a safety

@@ -24,6 +24,8 @@ INFO_FIELD = "info"
 RETRY_FIELD = "_retry_count"
 FIRST_ID_FIELD = "_first_id"
 """Written by re-queues: the id of the job's first submission."""
+LOST_AT_FIELD = "_lost_at"
+"""Written by recovery re-queues: when the previous owner was lost (server ms)."""
 GO_FIELD = "lbs-input"
 EOS_FIELD = "_eos"
 EOS_VALUE = "1"
@@ -43,6 +45,8 @@ class Assignment:
     retry_count: int
     first_id: str = ""
     """Id of the job's first submission (this entry's own id unless re-queued)."""
+    lost_at_ms: int | None = None
+    """When recovery found the previous owner lost (server ms); None unless recovered."""
 
 
 def quote(value: str | bytes, limit: int = QUOTE_MAX_CHARS) -> str:
@@ -155,8 +159,22 @@ def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) 
     raw_first = fields.get(FIRST_ID_FIELD)
     first_id = entry_id if raw_first is None else _text(raw_first, FIRST_ID_FIELD)
     return Assignment(
-        id=entry_id, stream=stream, info=info, retry_count=retry_count, first_id=first_id
+        id=entry_id,
+        stream=stream,
+        info=info,
+        retry_count=retry_count,
+        first_id=first_id,
+        lost_at_ms=_lost_at(fields.get(LOST_AT_FIELD)),
     )
+
+
+def _lost_at(raw: bytes | str | None) -> int | None:
+    """``_lost_at`` as ms, None if absent or unreadable: it only feeds a metric, so a
+    bad value never makes the assignment unusable."""
+    if raw is None:
+        return None
+    value = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
 
 
 def build_fields(stream: str, info: Mapping[str, Any] | None) -> dict[str, str]:

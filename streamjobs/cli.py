@@ -1,5 +1,8 @@
 """Command line: ``streamjobs worker``.
 
+``--metrics-port`` serves ``/metrics``, ``/healthz`` and ``/readyz``
+(docs/operations.md#health-and-readiness).
+
 Only this module installs signal handlers: SIGTERM, SIGINT or SIGHUP starts a
 graceful shutdown; a second one stops at once (docs/operations.md#signals-shutdown-and-supervisors).
 
@@ -23,11 +26,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ._http import HealthServer
 from ._redis import is_tls_failure, ping
 from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
-from .consumer import StreamConsumer
+from .consumer import StreamConsumer, probes
 from .exceptions import ConfigurationError, StreamJobsError
+from .prometheus import PrometheusRecorder
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -130,6 +135,20 @@ def _worker_args(sub: Any) -> None:
         "--no-configure-keyspace",
         action="store_true",
         help="never run CONFIG SET notify-keyspace-events (managed Redis)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /metrics (Prometheus), /healthz and /readyz on this port (0: any "
+        "free port, logged at start)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address the metrics port listens on (default 0.0.0.0: every interface)",
     )
     p.add_argument("--log-level", default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
 
@@ -239,6 +258,8 @@ async def run_worker(ns: argparse.Namespace) -> None:
         client = connect(url, cluster=ns.cluster)
     except ValueError as exc:  # what check() does not catch, redis-py refuses here
         raise CliError(f"invalid Redis URL {redact(url)}: {scrub(str(exc), url)}") from None
+    recorder = PrometheusRecorder() if ns.metrics_port is not None else None
+    extra: dict[str, Any] = {} if recorder is None else {"metrics": recorder}
     try:
         await check_connection(client, url)
         consumer = cls(
@@ -248,10 +269,40 @@ async def run_worker(ns: argparse.Namespace) -> None:
             recovery=recovery_cfg,
             cluster_mode=ClusterMode.OSS if ns.cluster else ClusterMode.NONE,
             consumer_name=ns.consumer_name,
+            **extra,
         )
-        await serve(consumer)
+        server = None if recorder is None else open_metrics(consumer, recorder, ns)
+        try:
+            await serve(consumer)
+        finally:
+            if server is not None:
+                server.close()
     finally:
         await client.aclose()
+
+
+def open_metrics(
+    consumer: StreamConsumer, recorder: PrometheusRecorder, ns: argparse.Namespace
+) -> HealthServer:
+    """Start the HTTP endpoint of ``--metrics-port``.
+
+    Raises:
+        CliError: the port is out of range, or cannot be listened on.
+    """
+    port, host = ns.metrics_port, ns.metrics_host
+    if not 0 <= port <= 65535:
+        raise CliError(f"--metrics-port: {port} is not a port number (0 to 65535)")
+    healthy, ready = probes(consumer)
+    try:
+        server = HealthServer(recorder.registry, healthy=healthy, ready=ready, host=host, port=port)
+    except (OSError, OverflowError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CliError(f"--metrics-port: cannot listen on {host}:{port}: {why}") from None
+    bound_host, bound_port = server.address
+    logging.getLogger("streamjobs").info(
+        "serving /metrics, /healthz and /readyz on http://%s:%d", bound_host, bound_port
+    )
+    return server
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:

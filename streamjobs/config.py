@@ -107,6 +107,10 @@ class ConsumerConfig:
             reason ``idle_timeout``, its lock released, and the stream gets the
             ``finished_stream_ttl_s`` retention, so an assignment for a stream nobody
             writes to cannot hold a slot, or an empty key, forever. None waits forever.
+        sample_interval_s: how often the service's queue is sampled for a recorder's
+            gauges (pending assignments, the oldest one's age, the DLQ's length,
+            consumers in the group): four cheap reads. Only with a recorder other than
+            the default; None turns it off.
         key_prefix: prefix of every key (docs/design.md#keys).
     """
 
@@ -126,6 +130,7 @@ class ConsumerConfig:
     require_noeviction: bool = True
     finished_stream_ttl_s: float | None = 3600.0
     stream_idle_timeout_s: float | None = 3600.0
+    sample_interval_s: float | None = 15.0
     key_prefix: str = DEFAULT_PREFIX
 
     def __post_init__(self) -> None:
@@ -167,6 +172,8 @@ class ConsumerConfig:
             _non_negative("finished_stream_ttl_s", self.finished_stream_ttl_s)
         if self.stream_idle_timeout_s is not None:
             _positive("stream_idle_timeout_s", self.stream_idle_timeout_s)
+        if self.sample_interval_s is not None:
+            _positive("sample_interval_s", self.sample_interval_s)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} \t\n"):
             raise ConfigurationError(
                 "key_prefix", "must be non-empty, without braces or whitespace"

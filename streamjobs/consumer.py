@@ -13,7 +13,7 @@ import abc
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, final
 
 import anyio
@@ -22,6 +22,7 @@ import anyio.abc
 from ._keys import Keys
 from ._redis import Gateway
 from ._runtime import Runtime
+from ._stats import ConsumerStatistics
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .exceptions import ConfigurationError
 from .message import Message
@@ -230,6 +231,12 @@ class StreamConsumer(abc.ABC):
         return self.__runtime.owned_streams()
 
     @final
+    def statistics(self) -> ConsumerStatistics:
+        """A frozen snapshot: owned streams, handlers in flight, the last Redis reply
+        and scanner pass, health and readiness, and counts of what happened."""
+        return self.__runtime.statistics()
+
+    @final
     async def wait_ready(self) -> None:
         """Wait until :meth:`run` has started all its loops."""
         await self.__runtime.wait_ready()
@@ -293,6 +300,15 @@ class StreamConsumer(abc.ABC):
             RedisUnavailable: Redis could not be reached at start-up.
         """
         await self.__runtime.run(task_status)
+
+
+def probes(
+    consumer: StreamConsumer,
+) -> tuple[Callable[[], tuple[bool, str]], Callable[[], tuple[bool, str]]]:
+    """``consumer``'s liveness and readiness checks, callable from any thread (the
+    worker's HTTP endpoint); each answers (ok, a one-line reason)."""
+    runtime = runtime_of(consumer)
+    return runtime.health, runtime.readiness
 
 
 def runtime_of(consumer: StreamConsumer) -> Runtime:

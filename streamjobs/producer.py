@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
+from . import _tracing
 from ._keys import DEFAULT_PREFIX, Keys
 from ._redis import Gateway
 from ._wire import EOS_FIELD, EOS_VALUE, build_fields
@@ -110,6 +111,11 @@ class Producer:
     async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:
         """Append one entry to data stream ``name``; returns its id.
 
+        With an OpenTelemetry tracer provider configured and a span current, the W3C
+        trace context is added as the ``traceparent`` (and ``tracestate``) fields,
+        unless ``fields`` sets them itself; the consumer's span for this entry is its
+        child (docs/operations.md#tracing).
+
         Raises:
             InvalidStreamName: see :meth:`add_stream`.
             ValueError: ``fields`` is empty or uses the reserved ``_eos`` field.
@@ -119,7 +125,7 @@ class Producer:
             raise ValueError("fields must not be empty")
         if EOS_FIELD in fields:
             raise ValueError(f"{EOS_FIELD!r} is reserved: use close_stream()")
-        return await self._gw.append(name, fields)
+        return await self._gw.append(name, _tracing.inject(fields))
 
     async def close_stream(self, name: str) -> str:
         """Append the end-of-stream marker; the owner finishes after it. Returns its id."""

@@ -16,6 +16,12 @@
 -- ARGV[7]  name of the field that keeps the id of the first submission: the copy gets
 --          it if the original has none (a new job's entries are newer than it; see
 --          docs/design.md#finishing-and-hand-back)
+-- ARGV[8]  name of the field recording when the previous owner was lost (its lock's
+--          deadline, server ms): the consumer that resumes the copy measures recovery
+--          latency from it
+-- ARGV[9]  that time: digits (the caller knows it), 'lease' (the entry's lease
+--          deadline, or now if it has none or it lies ahead), or '' (not a loss: a
+--          hand-back or an owner's own re-queue; the field is left off the copy)
 -- Returns the new entry id, or false if the entry was not pending / no longer exists.
 -- The lease is forgotten either way: an entry that is not pending under this id has
 -- no live lease under it.
@@ -28,25 +34,42 @@
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 local out = nil
 local name = nil
+local lost_at = ARGV[9]
+if lost_at == 'lease' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[2]))
+  if score == nil or score > now then
+    score = now
+  end
+  lost_at = string.format('%d', score)
+end
 if #found > 0 then
   local src = found[1][2]
   out = {}
   local seen = false
   local first_seen = false
   for i = 1, #src, 2 do
-    out[#out + 1] = src[i]
-    if src[i] == ARGV[6] then
-      name = src[i + 1]
+    local field = src[i]
+    if field ~= ARGV[8] then
+      out[#out + 1] = field
+      if field == ARGV[6] then
+        name = src[i + 1]
+      end
+      if field == ARGV[7] then
+        first_seen = true
+      end
+      if field == ARGV[3] and ARGV[4] ~= '' then
+        seen = true
+        out[#out + 1] = ARGV[4]
+      else
+        out[#out + 1] = src[i + 1]
+      end
     end
-    if src[i] == ARGV[7] then
-      first_seen = true
-    end
-    if src[i] == ARGV[3] and ARGV[4] ~= '' then
-      seen = true
-      out[#out + 1] = ARGV[4]
-    else
-      out[#out + 1] = src[i + 1]
-    end
+  end
+  if lost_at ~= '' then
+    out[#out + 1] = ARGV[8]
+    out[#out + 1] = lost_at
   end
   if not seen and ARGV[4] ~= '' then
     out[#out + 1] = ARGV[3]

@@ -5,12 +5,12 @@
 -- ARGV[1]  horizon, milliseconds (members due before now + horizon are included)
 -- ARGV[2]  maximum members to return
 -- ARGV[3]  re-check delay, milliseconds
--- Returns the claimed members.
+-- Returns the claimed members and their deadlines before the claim: {id, ms, id, ms, ...}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[1]),
-  'LIMIT', 0, tonumber(ARGV[2]))
-for i = 1, #due do
+  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+for i = 1, #due, 2 do
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), due[i])
 end
 return due

@@ -38,17 +38,19 @@ import anyio.lowlevel
 
 from streamjobs._deadletter import DEAD_AT_FIELD, Pairs
 from streamjobs._keys import Keys
-from streamjobs._redis import Entry, Pending, RawFields, ReadReply, text
+from streamjobs._redis import Entry, LostAt, Pending, RawFields, ReadReply, text
 from streamjobs._wire import (
     EOS_FIELD,
     EOS_VALUE,
     FIRST_ID_FIELD,
+    LOST_AT_FIELD,
     RETRY_FIELD,
     STREAM_FIELD,
     build_fields,
     is_eos,
 )
 from streamjobs.exceptions import NoSuchGroup, RedisUnavailable
+from streamjobs.metrics import ServiceSample
 
 StreamId = tuple[int, int]
 
@@ -61,6 +63,8 @@ METHODS = frozenset(
         "pending_owner",
         "lease_scores",
         "server_time_ms",
+        "ping",
+        "sample",
         "finish",
         "requeue",
         "dead_letter_assignment",
@@ -551,6 +555,25 @@ class FakeGateway:
         await self._leave("server_time_ms")
         return now
 
+    async def ping(self) -> None:
+        await self._enter("ping")
+        await self._leave("ping")
+
+    async def sample(self) -> ServiceSample:
+        await self._enter("sample")
+        group = self._lbs.group
+        pel = group.pel if group is not None else {}
+        oldest = min(pel, key=lambda i: tuple(map(int, i.split("-"))), default=None)
+        age_s = 0.0 if oldest is None else max(0, self.clock() - int(oldest.split("-")[0])) / 1000
+        consumers = len({d.consumer for d in pel.values()})
+        await self._leave("sample")
+        return ServiceSample(
+            pending=len(pel),
+            oldest_pending_age_s=age_s,
+            dlq_length=len(self._dlq.entries),
+            consumers=consumers,
+        )
+
     async def finish(self, assignment_id: str) -> bool:
         """finish.lua: XACK; ZREM the lease; XDEL and drop the index entry pointing at it
         if the XACK acked."""
@@ -565,24 +588,39 @@ class FakeGateway:
         await self._leave("finish")
         return acked
 
-    async def requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+    async def requeue(
+        self, assignment_id: str, retry_count: int | None, *, lost_at: LostAt = None
+    ) -> str | None:
         """requeue.lua: ZREM the lease; XACK (stop if 0); XADD a copy to the tail; XDEL;
         an index entry pointing at the original points at the copy."""
         await self._enter("requeue", assignment_id, retry_count)
-        new_id = self._requeue(assignment_id, retry_count)
+        new_id = self._requeue(assignment_id, retry_count, lost_at)
         await self._leave("requeue")
         return new_id
 
-    def _requeue(self, assignment_id: str, retry_count: int | None) -> str | None:
+    def _requeue(
+        self, assignment_id: str, retry_count: int | None, lost_at: LostAt = None
+    ) -> str | None:
         name = self._indexed_name(assignment_id)
+        if lost_at == "lease":
+            score = self._leases.get(assignment_id)
+            now = self.clock()
+            lost_at = now if score is None or score > now else int(score)
         self._leases.pop(assignment_id, None)
         if not self._xack_lbs(assignment_id):
             return None
         src = self._lbs.entries.get(assignment_id)
         if src is None:
             return None
-        out = dict(src)  # same field order; the retry field keeps its place
-        if retry_count is not None:
+        # Same field order as the script: the retry field keeps its place, then the
+        # loss time, then a new retry field, then the first id.
+        out = {k: v for k, v in src.items() if k != LOST_AT_FIELD}
+        retry_seen = RETRY_FIELD in out
+        if retry_count is not None and retry_seen:
+            out[RETRY_FIELD] = str(retry_count)
+        if lost_at is not None:
+            out[LOST_AT_FIELD] = str(lost_at)
+        if retry_count is not None and not retry_seen:
             out[RETRY_FIELD] = str(retry_count)
         out.setdefault(FIRST_ID_FIELD, assignment_id)
         new_id = self._xadd_lbs(out)
@@ -793,7 +831,9 @@ class FakeGateway:
         await self._leave("is_end_marker")
         return fields is not None and is_eos({k: str(v) for k, v in fields.items()})
 
-    async def sweep_leases(self, horizon_ms: int, limit: int, recheck_ms: int) -> list[str]:
+    async def sweep_leases(
+        self, horizon_ms: int, limit: int, recheck_ms: int
+    ) -> list[tuple[str, int]]:
         """sweep.lua: members due before now + horizon (by score, then member), pushed
         ``recheck_ms`` into the future."""
         await self._enter("sweep_leases", horizon_ms, limit, recheck_ms)
@@ -804,7 +844,7 @@ class FakeGateway:
         for _, member in due:
             self._leases[member] = float(now + recheck_ms)
         await self._leave("sweep_leases")
-        return [member for _, member in due]
+        return [(member, int(score)) for score, member in due]
 
     async def unblock(self, client_id: int) -> bool:
         """CLIENT UNBLOCK: the fake has no blocked connections (no waiter runs on it)."""

@@ -53,7 +53,7 @@ async def test_metrics_follow_a_dead_letter_a_recovery_and_a_hand_back(
     await redis.xreadgroup(service, "dead", {keys.assignments: ">"}, count=1)
     consumer = consumer_factory(
         Refusing,
-        config=ConsumerConfig(lock_ttl_s=1, read_block_ms=50),
+        config=ConsumerConfig(lock_ttl_s=1, read_block_ms=50, sample_interval_s=0.2),
         recovery=RecoveryConfig(min_idle_s=1.5, interval_s=0.5, lease_check_interval_s=0.2),
         metrics=PrometheusRecorder(registry),
     )
@@ -76,11 +76,31 @@ async def test_metrics_follow_a_dead_letter_a_recovery_and_a_hand_back(
             return value(registry, "streamjobs_heartbeats_total", result="ok", **s) >= 1
 
         await eventually(heartbeat_counted)
+
+        async def sampled() -> bool:  # the idle stream's assignment is pending
+            return value(registry, "streamjobs_pending_assignments", **s) == 1
+
+        await eventually(sampled)
+        assert value(registry, "streamjobs_dlq_length", **s) == 2
+        assert value(registry, "streamjobs_group_consumers", **s) >= 1
+        assert value(registry, "streamjobs_oldest_pending_age_seconds", **s) >= 0
+        stats = consumer.statistics()
+        assert stats.ready
+        assert stats.healthy
+        assert stats.owned_streams == 1
+        assert stats.entries == {"ok": 2, "dead_lettered": 2}
     # Done with: two handled, two dead-lettered after failing.
-    assert value(registry, "streamjobs_entries_handled_total", **s) == 4
+    handling = "streamjobs_entry_handling_seconds_count"
+    assert value(registry, handling, outcome="ok", **s) == 2
+    assert value(registry, handling, outcome="dead_lettered", **s) == 2
+    assert value(registry, handling, outcome="retried", **s) == 0
     assert value(registry, "streamjobs_handler_failures_total", **s) == 2
     assert value(registry, "streamjobs_dead_letters_total", reason="handler_failed", **s) == 2
     assert value(registry, "streamjobs_recoveries_total", outcome="requeued", **s) >= 1
+    # The dead consumer's stream was resumed here: one recovery latency observed.
+    assert value(registry, "streamjobs_recovery_latency_seconds_count", **s) >= 1
+    assert value(registry, "streamjobs_keyspace_setups_total", result="ok", **s) >= 1
+    assert value(registry, "streamjobs_scan_pass_seconds_count", **s) >= 1
     assert value(registry, "streamjobs_stream_events_total", event="finished", **s) == 2
     assert value(registry, "streamjobs_stream_events_total", event="handed_back", **s) == 1
     assert value(registry, "streamjobs_owned_streams", **s) == 0

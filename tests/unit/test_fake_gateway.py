@@ -257,8 +257,9 @@ async def test_sweep_and_scan_views(fake: FakeGateway, clock: ManualClock) -> No
     assert await fake.pending_page(0, f"({ids[0]}", 1) == [Pending(ids[1], "c1")]
     assert await fake.lease_scores(ids) == [clock() + 1000, clock() + 1000, None]
     assert await fake.sweep_leases(0, 10, 500) == []
+    deadline = clock() + 1000
     clock.advance(1000)
-    assert await fake.sweep_leases(0, 1, 500) == [ids[0]]
+    assert await fake.sweep_leases(0, 1, 500) == [(ids[0], deadline)]
     assert await fake.lease_scores(ids[:1]) == [clock() + 500]
     assert await fake.server_time_ms() == clock()
 
