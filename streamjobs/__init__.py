@@ -34,10 +34,12 @@ from .metrics import NullRecorder as NullRecorder
 from .metrics import RequeueOutcome as RequeueOutcome
 from .metrics import ServiceSample as ServiceSample
 from .metrics import StreamEvent as StreamEvent
+from .producer import CancelOutcome as CancelOutcome
 from .producer import Producer as Producer
 from .prometheus import PrometheusRecorder as PrometheusRecorder
 
 __all__ = (
+    "CancelOutcome",
     "ClusterMode",
     "ClusterNotSettled",
     "ConfigurationError",

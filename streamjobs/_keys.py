@@ -182,6 +182,37 @@ class Keys:
             return f"{self.prefix}{_LOCK_TAGGED}{stream}"
         return f"{self.prefix}{_LOCK_WRAPPED}{stream}}}"
 
+    def cancel(self, stream: str) -> str:
+        """String: the reason ``stream`` was cancelled (``Producer.cancel_stream``),
+        read by its owner's fenced reads; same cluster slot as ``stream``.
+
+        Raises:
+            InvalidStreamName: no co-located key exists for this name.
+        """
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}:cancel:t:{stream}"
+        return f"{self.prefix}:cancel:{{{stream}}}"
+
+    def replayed(self, stream: str, dead_letter_id: str) -> str:
+        """String: the id a dead letter's replay appended to data stream ``stream``
+        (``DeadLetters.replay`` keeps it a day, so a repeat appends nothing); same
+        cluster slot as ``stream``."""
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}:replayed:t:{dead_letter_id}:{stream}"
+        return f"{self.prefix}:replayed:{dead_letter_id}:{{{stream}}}"
+
+    @property
+    def session_prefix(self) -> str:
+        """Start of every session key (:meth:`session`)."""
+        return f"{self.prefix}:{{{self.service}}}:session:"
+
+    def session(self, consumer: str) -> str:
+        """String (PX one lock TTL): consumer ``consumer`` of this service is alive,
+        renewed by its heartbeat, deleted when it stops; same slot as the LBS."""
+        return f"{self.session_prefix}{consumer}"
+
     def check_data_stream(self, stream: str) -> None:
         """Reject a name that cannot be a data stream of this service.
 

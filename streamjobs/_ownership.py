@@ -37,7 +37,7 @@ from ._guard import log_failure
 from ._recovery import Recoverer
 from ._redis import StreamGateway
 from ._waiter import Waiter
-from ._wire import EOS_FIELD, EOS_VALUE, Assignment, is_eos
+from ._wire import CANCEL_FIELD, EOS_FIELD, EOS_VALUE, Assignment, is_eos
 from .config import ConsumerConfig
 from .exceptions import (
     DeadLetter,
@@ -120,6 +120,7 @@ class Hooks(Protocol):
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None: ...
     async def on_stream_end(self, stream: str) -> None: ...
     async def on_stream_lost(self, stream: str) -> None: ...
+    async def on_stream_cancelled(self, stream: str, reason: str) -> None: ...
 
 
 class Host(Protocol):
@@ -206,6 +207,7 @@ class OwnedStream:
         self.acquire_error: str | None = None  # the last error of a failed acquire
         self.stale = False  # the assignment was no longer ours when we came to it
         self.handling = False  # in a batch of handle() calls (statistics)
+        self.cancel_reason: str | None = None  # Producer.cancel_stream's reason
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
@@ -416,7 +418,7 @@ class OwnedStream:
                 return await self._finish()
             sent = time.monotonic()
             try:
-                ok, top, batch, largest, claim = await host.gateway.fenced_read(
+                reply = await host.gateway.fenced_read(
                     stream, self.token, host.name, count, self.to_ack, claim=claim
                 )
             except NoSuchGroup as exc:
@@ -431,11 +433,15 @@ class OwnedStream:
                 await self._pause(delay)
                 continue
             backoff.reset()
+            ok, top, batch = reply.owned, reply.top, reply.entries
+            largest, claim = reply.largest_bytes, reply.claimed
             if not ok:
                 self.mark_lost()
                 return Outcome.LOST
             self.confirmed(sent)
             self.to_ack = []
+            if reply.cancelled is not None:
+                return await self._cancel(reply.cancelled)
             if batch:
                 count = self._next_count(largest)
             if not begun:
@@ -467,6 +473,8 @@ class OwnedStream:
                         self._count_handled(durations)
                         if is_eos(fields):
                             self._eos = [entry_id]
+                            if CANCEL_FIELD in fields:
+                                return await self._cancel(fields[CANCEL_FIELD])
                         return await self._finish()
                     # Hot path: one clock read and no extra await per entry while the
                     # lock was proved ours within RECHECK_AFTER_S and the local lease
@@ -691,6 +699,14 @@ class OwnedStream:
                 host.metrics.dlq_trimmed(host.service, trimmed)
             return True
 
+    async def _cancel(self, reason: str) -> Outcome:
+        """The stream was cancelled: hand nothing more to ``handle()``, and end it as if
+        finished, discarding what was not handled (the seal acks what is pending and
+        skips what is unread); then ``on_stream_cancelled``."""
+        self.log.info("stream %r was cancelled (%s): ending it", self.stream, reason or "-")
+        self.cancel_reason = reason
+        return await self._finish(StreamEvent.CANCELLED)
+
     async def _finish(self, event: StreamEvent = StreamEvent.FINISHED) -> Outcome:
         """Complete the assignment, THEN release the lock (never the other way round)."""
         host = self.host
@@ -712,9 +728,12 @@ class OwnedStream:
         host.metrics.stream_event(host.service, event)
         host.disown(self)
         try:
-            await host.hooks.on_stream_end(self.stream)
+            if self.cancel_reason is None:
+                await host.hooks.on_stream_end(self.stream)
+            else:
+                await host.hooks.on_stream_cancelled(self.stream, self.cancel_reason)
         except Exception:
-            self.log.exception("on_stream_end(%r) raised", self.stream)
+            self.log.exception("a hook of stream %r raised", self.stream)
         return Outcome.FINISHED
 
     async def _already_finished(self, top: str) -> bool:
@@ -887,7 +906,11 @@ class OwnedStream:
         retention_ms = self._retention_ms()
         if not self._sealed:
             if not await host.gateway.seal(
-                self.stream, self.token, retention_ms, [*self.to_ack, *self._eos]
+                self.stream,
+                self.token,
+                retention_ms,
+                [*self.to_ack, *self._eos],
+                cancelled=self.cancel_reason is not None,
             ):
                 return self._completed
             self._sealed = True

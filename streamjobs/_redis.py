@@ -37,7 +37,16 @@ from redis import exceptions as rex
 from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
 from ._scripts import MAX_COPY_VALUES, NAMES, Scripts, source
-from ._wire import FIRST_ID_FIELD, LOST_AT_FIELD, RETRY_FIELD, STREAM_FIELD, is_eos
+from ._wire import (
+    CANCEL_FIELD,
+    EOS_FIELD,
+    EOS_VALUE,
+    FIRST_ID_FIELD,
+    LOST_AT_FIELD,
+    RETRY_FIELD,
+    STREAM_FIELD,
+    is_eos,
+)
 from .exceptions import (
     ConfigurationError,
     NoSuchGroup,
@@ -219,6 +228,9 @@ class ReadReply(NamedTuple):
     claimed: bool = False
     """The entries came from the pending list: more may be pending, so the next read
     should claim first (``fenced_read(claim=True)``)."""
+    cancelled: str | None = None
+    """The stream was cancelled (``Producer.cancel_stream``), for this reason: hand
+    nothing more to ``handle()`` and end it."""
 
 
 NOT_OWNED = ReadReply(False, "", [])
@@ -344,8 +356,16 @@ class StreamGateway(Protocol):
     async def lock_holder(self, stream: str) -> str | None: ...
     async def is_end_marker(self, stream: str, entry_id: str) -> bool: ...
     async def seal(
-        self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
     ) -> bool: ...
+    async def touch_session(self, consumer: str, value: str, ttl_ms: int) -> None: ...
+    async def end_session(self, consumer: str) -> None: ...
     async def sweep_leases(
         self, horizon_ms: int, limit: int, recheck_ms: int
     ) -> list[tuple[str, int]]: ...
@@ -423,8 +443,33 @@ class Gateway:
 
     @translated
     async def clear_retention(self, stream: str) -> None:
-        """Remove a TTL left on a data stream by an earlier job of the same name."""
+        """Remove a TTL left on a data stream by an earlier job of the same name, and a
+        cancel marker left for that job (it must not cancel this one)."""
         await self.client.persist(stream)
+        await self.client.delete(self.keys.cancel(stream))
+
+    @script
+    async def cancel_queued(self, stream: str) -> tuple[str, str]:
+        """``cancel.lua``: remove ``stream``'s indexed assignment if not delivered yet.
+
+        Returns:
+            ('removed' | 'delivered' | 'none', the assignment's id or '').
+        """
+        r = await self.scripts.cancel(
+            keys=[self.keys.assignments, self.keys.active, self.keys.leases],
+            args=[self.keys.group, stream],
+        )
+        return text(r[0]), text(r[1])
+
+    @translated
+    async def signal_cancel(self, stream: str, reason: str, marker_ttl_ms: int) -> None:
+        """Tell ``stream``'s owner to stop: an end marker carrying the reason (it wakes
+        an owner waiting for entries; not written if the stream is gone), then the
+        cancel marker its next fenced read sees."""
+        await self.client.xadd(
+            stream, {EOS_FIELD: EOS_VALUE, CANCEL_FIELD: reason}, nomkstream=True
+        )
+        await self.client.set(self.keys.cancel(stream), reason, px=marker_ttl_ms)
 
     @translated
     async def append(self, stream: str, fields: Mapping[str, str | bytes | int | float]) -> str:
@@ -765,8 +810,9 @@ class Gateway:
         """
         lock = self.keys.lock(stream)
         group = self.keys.group
+        cancel = self.keys.cancel(stream)
         if count == 0:
-            r = await self.scripts.fence(keys=[lock, stream], args=[token, group, *ack])
+            r = await self.scripts.fence(keys=[lock, stream, cancel], args=[token, group, *ack])
             return ReadReply(int(r[0]) == 1, "0-0", [])
         if claim:
             claimed = await self._claim(lock, stream, token, consumer, count, ack)
@@ -774,10 +820,16 @@ class Gateway:
                 return claimed
             ack = ()
         for _ in range(3):
-            fenced, read = await self._fence_and_read(lock, stream, token, consumer, count, ack)
+            fenced, read = await self._fence_and_read(
+                lock, stream, cancel, token, consumer, count, ack
+            )
             ack = ()
             if int(fenced[0]) != 1:
                 return NOT_OWNED
+            if len(fenced) > 3 and fenced[3]:
+                # Cancelled: what this read delivered stays pending with us, and the
+                # cancellation's seal acks it unhandled.
+                return ReadReply(True, "0-0", [], cancelled=text(fenced[3]))
             if int(fenced[2]) == 0:
                 if isinstance(read, BaseException):
                     raise translate(read) from read
@@ -790,12 +842,19 @@ class Gateway:
         return ReadReply(True, "0-0", [])
 
     async def _fence_and_read(
-        self, lock: str, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+        self,
+        lock: str,
+        stream: str,
+        cancel: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
     ) -> tuple[Any, Any]:
         """MULTI, fence.lua, XREADGROUP, EXEC: ``(fence reply, read reply or error)``."""
         fence = self.scripts.fence
         commands: list[tuple[Any, ...]] = [
-            ("EVALSHA", fence.sha, 2, lock, stream, token, self.keys.group, *ack),
+            ("EVALSHA", fence.sha, 3, lock, stream, cancel, token, self.keys.group, *ack),
             (
                 "XREADGROUP",
                 "GROUP",
@@ -897,10 +956,23 @@ class Gateway:
         return int(r) == 1
 
     @script
-    async def seal(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
-        """Fenced final acks and retention of a finishing stream; the lock stays held."""
+    async def seal(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
+    ) -> bool:
+        """Fenced final acks and retention of a finishing stream; the lock stays held.
+
+        ``cancelled``: also ack every entry still pending in the group, and remove the
+        stream's cancel marker.
+        """
         r = await self.scripts.seal(
-            keys=[self.keys.lock(stream), stream], args=[token, self.keys.group, keep_ms, *ack]
+            keys=[self.keys.lock(stream), stream, self.keys.cancel(stream)],
+            args=[token, self.keys.group, keep_ms, "cancel" if cancelled else "", *ack],
         )
         return int(r) == 1
 
@@ -934,9 +1006,20 @@ class Gateway:
     async def prune_consumers(self, min_idle_ms: int, keep: str) -> list[str]:
         """Delete assignment-group consumers with nothing pending, idle ``min_idle_ms``."""
         r = await self.scripts.prune_consumers(
-            keys=[self.keys.assignments], args=[self.keys.group, min_idle_ms, keep]
+            keys=[self.keys.assignments],
+            args=[self.keys.group, min_idle_ms, keep, self.keys.session_prefix],
         )
         return [text(name) for name in r]
+
+    @translated
+    async def touch_session(self, consumer: str, value: str, ttl_ms: int) -> None:
+        """Mark ``consumer`` alive for ``ttl_ms`` (its heartbeat renews it)."""
+        await self.client.set(self.keys.session(consumer), value, px=ttl_ms)
+
+    @translated
+    async def end_session(self, consumer: str) -> None:
+        """``consumer`` stopped: its name may be pruned at once."""
+        await self.client.delete(self.keys.session(consumer))
 
     @translated
     async def unblock(self, client_id: int) -> bool:

@@ -20,7 +20,10 @@ unlocked) in a shielded, bounded step.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -131,6 +134,9 @@ class Runtime:
         self._draining = False
         self.running = False
         self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
+        self._session_value = json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+        )
         self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
@@ -259,10 +265,13 @@ class Runtime:
         self._stopped = anyio.Event()
         self._intake_done = anyio.Event()
         self._draining = False
+        session = False
         try:
             if isinstance(self.gateway, Gateway):
                 self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
             await self._start_up()
+            await self._touch_session()
+            session = True
             async with anyio.create_task_group() as tg:
                 await tg.start(self._host_streams)
                 if self.waiter is not None:
@@ -282,6 +291,8 @@ class Runtime:
                         await self._drain()
                 tg.cancel_scope.cancel()
         finally:
+            if session:
+                await self._end_session()
             self.running = False
             self._stopped.set()
 
@@ -489,12 +500,31 @@ class Runtime:
             self.metrics.service_sampled(self.service, sample)
             await anyio.sleep(interval_s)
 
+    async def _touch_session(self) -> None:
+        """Renew this consumer's session key (one lock TTL): what tells operators, and
+        the pruning of consumer names, that it is alive."""
+        try:
+            await self.gateway.touch_session(
+                self.name, self._session_value, self.config.lock_ttl_ms
+            )
+        except Exception as exc:
+            self.metrics.loop_error(self.service, "heartbeat")
+            log_failure(log, "renewing the consumer session", exc, 0.0)
+
+    async def _end_session(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
+            try:
+                await self.gateway.end_session(self.name)
+            except Exception as exc:
+                log_failure(log, "ending the consumer session", exc, 0.0)
+
     async def _heartbeat_loop(self) -> None:
         cfg = self.config
         retry_s = min(cfg.heartbeat_s, 0.5)
         delay = cfg.heartbeat_s
         while True:
             await anyio.sleep(delay)
+            await self._touch_session()
             live = [o for o in self.owned.values() if not o.lost]
             if not live:
                 delay = cfg.heartbeat_s

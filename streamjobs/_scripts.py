@@ -36,6 +36,10 @@ NAMES = (
     "sweep",
     "prune_consumers",
     "seal",
+    "cancel",
+    "replay_assignment",
+    "replay_entry",
+    "prune_names",
 )
 
 
@@ -63,3 +67,7 @@ class Scripts:
         self.sweep = client.register_script(source("sweep"))
         self.prune_consumers = client.register_script(source("prune_consumers"))
         self.seal = client.register_script(source("seal"))
+        self.cancel = client.register_script(source("cancel"))
+        self.replay_assignment = client.register_script(source("replay_assignment"))
+        self.replay_entry = client.register_script(source("replay_entry"))
+        self.prune_names = client.register_script(source("prune_names"))

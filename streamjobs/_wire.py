@@ -29,6 +29,9 @@ LOST_AT_FIELD = "_lost_at"
 GO_FIELD = "lbs-input"
 EOS_FIELD = "_eos"
 EOS_VALUE = "1"
+CANCEL_FIELD = "_cancel"
+"""On an end marker written by ``Producer.cancel_stream``: the reason (the stream was
+cancelled, not finished)."""
 QUOTE_MAX_CHARS = 200
 """Most characters of an input value an error message quotes: log lines stay short."""
 MESSAGE_MAX_CHARS = 500

@@ -201,6 +201,11 @@ class StreamConsumer(abc.ABC):
         """Called when the lock was lost (expired or taken over): no more of its entries
         reach ``handle()`` here, and nothing more of it is acknowledged by this consumer."""
 
+    async def on_stream_cancelled(self, stream: str, reason: str) -> None:  # noqa: B027
+        """Called once a stream was cancelled (``Producer.cancel_stream``): no more of
+        its entries reach ``handle()`` (the rest are discarded), its assignment is done
+        and its lock released. Called instead of :meth:`on_stream_end`."""
+
     # -- public framework API ---------------------------------------------------------
 
     @final

@@ -38,6 +38,8 @@ class StreamEvent(enum.Enum):
     """The lock was held by someone else when the assignment arrived."""
     VANISHED = "vanished"
     """The data stream was deleted or expired while owned; its assignment was completed."""
+    CANCELLED = "cancelled"
+    """``Producer.cancel_stream`` ended it: the rest was discarded, the assignment done."""
 
 
 class EntryOutcome(enum.Enum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from typing import Any, Final
@@ -35,6 +36,22 @@ def _window_ms(dedupe_window_s: float) -> int:
             f"must be above 0 and at most {MAX_DEDUPE_WINDOW_S:.0e} s, got {dedupe_window_s!r}",
         )
     return math.ceil(dedupe_window_s * 1000)
+
+
+CANCEL_MARKER_TTL_MS: Final = 86_400_000
+"""How long a cancel marker waits for an owner to see it (one day); the owner that
+ends the stream deletes it, and so does a new :meth:`Producer.add_stream` of the name."""
+
+
+class CancelOutcome(enum.Enum):
+    """What :meth:`Producer.cancel_stream` did."""
+
+    REMOVED = "removed"
+    """The assignment was still queued: it is gone, no consumer will see it."""
+    SIGNALLED = "signalled"
+    """A consumer holds it (or will recover it): it ends the stream within a batch."""
+    NOT_FOUND = "not_found"
+    """No unfinished assignment of ``add_stream`` and no lock: nothing was done."""
 
 
 class Producer:
@@ -126,6 +143,33 @@ class Producer:
         if EOS_FIELD in fields:
             raise ValueError(f"{EOS_FIELD!r} is reserved: use close_stream()")
         return await self._gw.append(name, _tracing.inject(fields))
+
+    async def cancel_stream(self, name: str, reason: str = "") -> CancelOutcome:
+        """Stop the job of data stream ``name`` for good (docs/operations.md#cancelling-a-stream).
+
+        An assignment queued by :meth:`add_stream` that no consumer has read yet is
+        removed. One a consumer holds is ended by it within one read batch: no more of
+        its entries reach ``handle()``, what was delivered and not handled is acked,
+        what was not read is skipped, the assignment completes, the lock is released
+        and ``on_stream_cancelled(name, reason)`` is called. An owner that dies first
+        leaves it to the consumer that recovers it, which ends it the same way. The
+        stream's entries are left where they are (the owner's retention applies).
+
+        Returns:
+            ``REMOVED``, ``SIGNALLED`` (its owner will end it), or ``NOT_FOUND`` (no
+            unfinished assignment queued by ``add_stream``, and no lock: nothing done).
+
+        Raises:
+            InvalidStreamName: see :meth:`add_stream`.
+        """
+        self._keys.check_data_stream(name)
+        outcome, _ = await self._gw.cancel_queued(name)
+        if outcome == "removed":
+            return CancelOutcome.REMOVED
+        if outcome == "none" and not await self._gw.lock_exists(name):
+            return CancelOutcome.NOT_FOUND
+        await self._gw.signal_cancel(name, reason, CANCEL_MARKER_TTL_MS)
+        return CancelOutcome.SIGNALLED
 
     async def close_stream(self, name: str) -> str:
         """Append the end-of-stream marker; the owner finishes after it. Returns its id."""

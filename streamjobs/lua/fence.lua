@@ -3,13 +3,16 @@
 -- and no script call carries data: docs/operations.md#size-and-time-limits).
 -- KEYS[1]  lock key of the data stream (same slot as KEYS[2])
 -- KEYS[2]  data stream
+-- KEYS[3]  cancel marker of the data stream (same slot)
 -- ARGV[1]  lock token
 -- ARGV[2]  consumer group name
 -- ARGV[3..] entry ids to acknowledge first
 -- Returns {0} if the token does not match (nothing acked), else
---   {1, last_delivered_id, pending}: the group's last-delivered id (the newest id a
---   read that returns nothing has seen, for an XREAD BLOCK that changes no group
---   state) and the number of entries still pending in the group after the acks.
+--   {1, last_delivered_id, pending, cancelled}: the group's last-delivered id (the
+--   newest id a read that returns nothing has seen, for an XREAD BLOCK that changes
+--   no group state), the number of entries still pending in the group after the
+--   acks, and the cancel reason if the stream was cancelled (false otherwise; the
+--   caller then discards the read and ends the stream).
 -- pending > 0 means entries were delivered and not acked: a previous owner's (a
 -- takeover), ours from a reply that was lost, or a stalled owner's read queued
 -- behind its own failed fence. They come before new ones: the caller discards what
@@ -36,4 +39,4 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
     break
   end
 end
-return {1, last, pending}
+return {1, last, pending, redis.call('GET', KEYS[3])}

@@ -6,17 +6,50 @@
 -- and the stream already has its final acks and its retention.
 -- KEYS[1]  lock key of the data stream (same slot as KEYS[2])
 -- KEYS[2]  data stream
+-- KEYS[3]  cancel marker of the data stream (same slot)
 -- ARGV[1]  lock token
 -- ARGV[2]  consumer group name
 -- ARGV[3]  retention, milliseconds: >0 PEXPIRE; 0 or -1 leave the TTL alone (a
 --          stream to delete is deleted by the release, once the assignment is done)
--- ARGV[4..] entry ids to acknowledge
+-- ARGV[4]  'cancel' when the stream was cancelled: every entry still pending in the
+--          group is acked too (delivered, never to be handled), the group moves past
+--          every entry not yet read, and the cancel marker goes; '' otherwise
+-- ARGV[5..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if #ARGV > 3 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 4))
+-- Whether the group exists is read before any write: XPENDING on a stream or a
+-- group that is gone would fail, and a script is not rolled back.
+local has_group = false
+if ARGV[4] == 'cancel' and redis.call('EXISTS', KEYS[2]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' and g[i + 1] == ARGV[2] then
+        has_group = true
+      end
+    end
+  end
+end
+if #ARGV > 4 then
+  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 5))
+end
+if ARGV[4] == 'cancel' then
+  while has_group do
+    local page = redis.call('XPENDING', KEYS[2], ARGV[2], '-', '+', 1000)
+    if #page == 0 then
+      break
+    end
+    local ids = {}
+    for i = 1, #page do
+      ids[i] = page[i][1]
+    end
+    redis.call('XACK', KEYS[2], ARGV[2], unpack(ids))
+  end
+  if has_group then  -- what was never read is skipped: a later job starts after it
+    redis.call('XGROUP', 'SETID', KEYS[2], ARGV[2], '$')
+  end
+  redis.call('DEL', KEYS[3])
 end
 local keep = tonumber(ARGV[3])
 if keep > 0 then

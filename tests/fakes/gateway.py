@@ -82,6 +82,8 @@ METHODS = frozenset(
         "prune_consumers",
         "take_scan_lease",
         "unblock",
+        "touch_session",
+        "end_session",
         "scan_cursor",
         "save_scan_cursor",
         "is_end_marker",
@@ -271,6 +273,10 @@ class FakeGateway:
         self._data_changed = _Signal()
         self._gates: dict[str, Gate] = {}
         self._faults: dict[str, _Fault] = {}
+        self.cancels: dict[str, str] = {}
+        """Cancel markers: data stream -> reason (``Producer.cancel_stream``)."""
+        self.sessions: dict[str, str] = {}
+        """Live consumer sessions: name -> value."""
         self.unreachable: set[str] = set()
         """Streams whose lock's node does not answer heartbeats (``extend_many``)."""
 
@@ -743,6 +749,9 @@ class FakeGateway:
                 group.pel.pop(entry_id, None)
         if count == 0:
             return ReadReply(True, "0-0", [])
+        reason = self.cancels.get(stream)
+        if reason is not None:
+            return ReadReply(True, "0-0", [], cancelled=reason)
         if s is None or group is None:
             raise NoSuchGroup(f"NOGROUP (fake): no group on {stream!r}")
         # XAUTOCLAIM 0 from 0-0: pending entries of any consumer, oldest first; entries
@@ -796,8 +805,17 @@ class FakeGateway:
         await self._leave("release")
         return released
 
-    async def seal(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
-        """seal.lua: token check; XACK ``ack``; PEXPIRE the stream if ``keep_ms`` > 0."""
+    async def seal(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
+    ) -> bool:
+        """seal.lua: token check; XACK ``ack`` (everything pending, and drop the cancel
+        marker, if ``cancelled``); PEXPIRE the stream if ``keep_ms`` > 0."""
         await self._enter("seal", stream, token, keep_ms, tuple(ack))
         lock = self._live_lock(self.keys.lock(stream))
         sealed = lock is not None and lock.token == token
@@ -806,6 +824,10 @@ class FakeGateway:
             if s is not None and s.group is not None:
                 for entry_id in ack:
                     s.group.pel.pop(entry_id, None)
+                if cancelled:
+                    s.group.pel.clear()
+            if cancelled:
+                self.cancels.pop(stream, None)
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms
         await self._leave("seal")
@@ -845,6 +867,16 @@ class FakeGateway:
             self._leases[member] = float(now + recheck_ms)
         await self._leave("sweep_leases")
         return [(member, int(score)) for score, member in due]
+
+    async def touch_session(self, consumer: str, value: str, ttl_ms: int) -> None:
+        await self._enter("touch_session", consumer)
+        self.sessions[consumer] = value
+        await self._leave("touch_session")
+
+    async def end_session(self, consumer: str) -> None:
+        await self._enter("end_session", consumer)
+        self.sessions.pop(consumer, None)
+        await self._leave("end_session")
 
     async def unblock(self, client_id: int) -> bool:
         """CLIENT UNBLOCK: the fake has no blocked connections (no waiter runs on it)."""

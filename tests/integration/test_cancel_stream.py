@@ -1,0 +1,132 @@
+"""Producer.cancel_stream against real Redis: a queued assignment is removed, an
+owned stream is ended by its owner within one read batch (on_stream_cancelled, lock
+released, nothing pending), and a new job of the same name is not cancelled."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import pytest
+
+from streamjobs import CancelOutcome, ConsumerConfig, Message, Producer
+from streamjobs._keys import Keys
+from tests.harness.plugin import ConsumerFactory
+
+from ._helpers import Recorder, eventually
+
+pytestmark = pytest.mark.anyio
+
+
+class Cancellable(Recorder):
+    cancelled: list[tuple[str, str]]
+    gate: anyio.Event
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled = []
+        self.gate = anyio.Event()
+
+    async def handle(self, message: Message) -> None:
+        await super().handle(message)
+        if message.fields.get("n") == "hold":
+            await self.gate.wait()
+
+    async def on_stream_cancelled(self, stream: str, reason: str) -> None:
+        self.cancelled.append((stream, reason))
+
+    async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
+        await super().on_stream_start(stream, info)
+
+
+async def assert_nothing_left(redis: Any, service: str, stream: str) -> None:
+    keys = Keys(service)
+    assert await redis.xlen(keys.assignments) == 0
+    if await redis.exists(keys.assignments):
+        groups = await redis.xinfo_groups(keys.assignments)
+        assert all(g["pending"] == 0 for g in groups)
+    assert not await redis.exists(keys.lock(stream))
+    assert not await redis.exists(keys.cancel(stream))
+    assert await redis.hget(keys.active, stream) is None
+    if await redis.exists(stream):
+        groups = await redis.xinfo_groups(stream)
+        assert all(g["pending"] == 0 for g in groups)
+
+
+async def test_a_queued_assignment_is_removed(redis: Any, service: str, uid: str) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"queued:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    assert await producer.cancel_stream(stream, reason="not needed") is CancelOutcome.REMOVED
+    await assert_nothing_left(redis, service, stream)
+    assert await producer.cancel_stream(stream) is CancelOutcome.NOT_FOUND
+    assert await redis.xlen(stream) == 1  # the entries are left alone
+
+
+async def test_an_owned_stream_ends_within_one_batch(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"owned:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "hold"})
+    for i in range(500):  # a backlog the owner must not work through
+        await producer.append(stream, {"n": str(i)})
+    consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_batch_size=10))
+    async with consumer:
+
+        async def holding() -> bool:
+            return len(consumer.handled) == 1
+
+        await eventually(holding)
+        assert await producer.cancel_stream(stream, "user left") is CancelOutcome.SIGNALLED
+        consumer.gate.set()  # the batch in hand goes on; the next read sees the marker
+
+        async def cancelled() -> bool:
+            return consumer.cancelled == [(stream, "user left")]
+
+        await eventually(cancelled)
+        assert len(consumer.handled) <= 10, "handled past the batch in hand"
+        assert consumer.ended == []
+        assert stream not in consumer.owned_streams
+        await assert_nothing_left(redis, service, stream)
+
+        # A new job of the same name runs normally: the marker and the unread backlog
+        # of the cancelled one do not reach it.
+        handled_before = len(consumer.handled)
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "new"})
+        await producer.close_stream(stream)
+
+        async def new_job_done() -> bool:
+            return consumer.ended == [stream]
+
+        await eventually(new_job_done)
+        assert [h[3] for h in consumer.handled[handled_before:]] == ["new"]
+    await assert_nothing_left(redis, service, stream)
+
+
+async def test_an_idle_owned_stream_is_woken_and_ended(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"idle:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
+    async with consumer:
+
+        async def waiting() -> bool:
+            return len(consumer.handled) == 1
+
+        await eventually(waiting)
+        with anyio.fail_after(3):  # before the 4 s blocking read would end
+            assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
+
+            async def cancelled() -> bool:
+                return consumer.cancelled == [(stream, "")]
+
+            await eventually(cancelled)
+    await assert_nothing_left(redis, service, stream)
