@@ -7,11 +7,14 @@ with :class:`Producer`. See README.md and docs/.
 from __future__ import annotations
 
 from ._deadletter import DeadLetterReason as DeadLetterReason
+from ._deadletter import DeadLetterRecord as DeadLetterRecord
 from ._stats import ConsumerStatistics as ConsumerStatistics
 from .config import ClusterMode as ClusterMode
 from .config import ConsumerConfig as ConsumerConfig
 from .config import RecoveryConfig as RecoveryConfig
 from .consumer import StreamConsumer as StreamConsumer
+from .dlq import DeadLetterFilter as DeadLetterFilter
+from .dlq import DeadLetters as DeadLetters
 from .exceptions import ClusterNotSettled as ClusterNotSettled
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import DeadLetter as DeadLetter
@@ -27,6 +30,9 @@ from .exceptions import Retry as Retry
 from .exceptions import ScriptError as ScriptError
 from .exceptions import StreamJobsError as StreamJobsError
 from .exceptions import WrongKeyType as WrongKeyType
+from .inspector import Inspector as Inspector
+from .inspector import StreamState as StreamState
+from .inspector import UnknownService as UnknownService
 from .message import Message as Message
 from .metrics import EntryOutcome as EntryOutcome
 from .metrics import MetricsRecorder as MetricsRecorder
@@ -46,10 +52,14 @@ __all__ = (
     "ConsumerConfig",
     "ConsumerStatistics",
     "DeadLetter",
+    "DeadLetterFilter",
     "DeadLetterReason",
+    "DeadLetterRecord",
+    "DeadLetters",
     "EntryOutcome",
     "HandlerDirective",
     "HandlerTimeout",
+    "Inspector",
     "InvalidAssignment",
     "InvalidStreamName",
     "Message",
@@ -69,6 +79,8 @@ __all__ = (
     "StreamConsumer",
     "StreamEvent",
     "StreamJobsError",
+    "StreamState",
+    "UnknownService",
     "WrongKeyType",
 )
 

@@ -180,6 +180,19 @@ def _lost_at(raw: bytes | str | None) -> int | None:
     return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
 
 
+def stream_name_of(fields: Mapping[str, str]) -> str:
+    """The data stream an assignment's fields name, in either form ('' if none): for
+    showing and indexing an entry that may not parse."""
+    if STREAM_FIELD in fields:
+        return fields[STREAM_FIELD]
+    try:
+        doc = json.loads(fields.get(GO_FIELD, "null"))
+        name = {str(k).lower(): v for k, v in doc.items()}.get("datastreamname")
+    except (ValueError, AttributeError, RecursionError):
+        return ""
+    return name if isinstance(name, str) else ""
+
+
 def build_fields(stream: str, info: Mapping[str, Any] | None) -> dict[str, str]:
     """Fields of a new assignment entry.
 

@@ -1,4 +1,5 @@
-"""Command line: ``streamjobs worker``.
+"""Command line: ``streamjobs worker``, and the operator commands ``status``, ``dlq``,
+``cancel`` and ``consumers`` (``_cli_ops``).
 
 ``--metrics-port`` serves ``/metrics``, ``/healthz`` and ``/readyz``
 (docs/operations.md#health-and-readiness).
@@ -19,19 +20,20 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import anyio.abc
 
+from . import _cli_ops as ops
 from ._http import HealthServer
 from ._redis import is_tls_failure, ping
 from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer, probes
-from .exceptions import ConfigurationError, StreamJobsError
+from .exceptions import ConfigurationError, InvalidStreamName, StreamJobsError
 from .prometheus import PrometheusRecorder
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -347,17 +349,44 @@ async def serve(consumer: StreamConsumer) -> None:
     log.info("consumer %s stopped", consumer.consumer_name)
 
 
+_OPERATIONS: dict[str, Callable[[Any, argparse.Namespace, TextIO], Awaitable[int]]] = {
+    "status": ops.run_status,
+    "dlq": ops.run_dlq,
+    "cancel": ops.run_cancel,
+    "consumers": ops.run_consumers,
+}
+
+
+async def run_operation(ns: argparse.Namespace) -> int:
+    """One operator command (``status``, ``dlq``, ``cancel``, ``consumers``): connect
+    as the worker does, run it, close."""
+    url = redis_url(ns)
+    try:
+        client = connect(url, cluster=ns.cluster)
+    except ValueError as exc:
+        raise CliError(f"invalid Redis URL {redact(url)}: {scrub(str(exc), url)}") from None
+    try:
+        await check_connection(client, url)
+        return await _OPERATIONS[ns.command](client, ns, sys.stdout)
+    finally:
+        await client.aclose()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamjobs")
     sub = parser.add_subparsers(dest="command", required=True)
     _worker_args(sub)
+    ops.add_commands(sub, ENV_VAR, DEFAULT_URL)
     ns = parser.parse_args(argv)
     try:
+        if ns.command != "worker":
+            logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+            return anyio.run(run_operation, ns)
         level = log_level(getattr(ns, "log_level", "INFO"))
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         anyio.run(run_worker, ns)
     except KeyboardInterrupt:
-        return 130
+        return 0 if getattr(ns, "watch", None) is not None else 130
     except BaseException as exc:
         code = _exit_code(_unwrap(exc))
         if code is None:
@@ -375,7 +404,10 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def _exit_code(exc: BaseException) -> int | None:
     """Print ``exc`` as one line and return the exit code; None for a bug (traceback)."""
-    if isinstance(exc, CliError):
+    if isinstance(exc, CliError | ops.UsageError):
+        print(f"streamjobs: error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, InvalidStreamName):
         print(f"streamjobs: error: {exc}", file=sys.stderr)
         return 2
     if isinstance(exc, ConfigurationError):

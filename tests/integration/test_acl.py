@@ -17,11 +17,14 @@ from redis.asyncio import Redis as AsyncRedis
 from streamjobs import (
     ConsumerConfig,
     DeadLetter,
+    DeadLetters,
+    Inspector,
     Message,
     PermissionDenied,
     Producer,
     RecoveryConfig,
 )
+from streamjobs._cli_ops import prune_consumer_names
 from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer
 from tests.harness.plugin import RedisServerFactory
@@ -134,6 +137,21 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
     assert await admin.xlen(keys.assignments) == 0
     for s in [*streams, crashed]:
         assert await admin.exists(keys.lock(s)) == 0
+    operator = await as_user("streamjobs-operator", documented_acl("streamjobs-operator"))
+    await operate(operator, service)
+    assert await denials(admin) == []
+
+
+async def operate(client: Any, service: str) -> None:
+    """What an operator does: status, the DLQ, a replay, a purge, a prune."""
+    overview = await Inspector(client, service=service).overview()
+    assert overview.dlq.length == 3
+    letters = DeadLetters(client, service=service)
+    first, second, _ = await letters.list()
+    report = await letters.replay([first.id])
+    assert len(report.replayed) == 1, report
+    assert await letters.purge([second.id]) == [second.id]
+    await prune_consumer_names(client, Keys(service), dry_run=False)
 
 
 @pytest.mark.parametrize(
