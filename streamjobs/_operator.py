@@ -16,7 +16,7 @@ from typing import Any
 
 from ._redis import Gateway, raw, script, sized_entries, text, translated
 
-CHUNK = 500
+CHUNK = 1000
 """Commands per pipeline round trip."""
 
 
@@ -59,6 +59,11 @@ def _groups(reply: Any) -> list[dict[str, Any]]:
         pairs = g.items() if isinstance(g, dict) else zip(g[::2], g[1::2], strict=True)
         out.append({text(k): v for k, v in pairs})
     return out
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 def owner_of(token: str | None) -> str:
@@ -138,16 +143,31 @@ class OperatorGateway(Gateway):
 
     @translated
     async def assignment_fields(self, ids: Sequence[str]) -> list[dict[str, str] | None]:
-        """The fields of assignment entries, by id (None where one is gone)."""
+        """The fields of assignment entries, by id (None where one is gone).
+
+        Pending assignments are mostly the oldest entries of the assignment stream, so
+        the range from the first to the last id is read in pages of 1,000 (plain
+        XRANGE), unless it holds many more entries than asked for: then by id.
+        """
+        if not ids:
+            return []
+        first, last = min(ids, key=_order), max(ids, key=_order)
+        found: dict[str, dict[str, str]] = {}
+        start = first
+        while len(found) <= 2 * len(ids):
+            page, _ = sized_entries(
+                await self.client.xrange(self.keys.assignments, start, last, count=1000)
+            )
+            found.update(page)
+            if len(page) < 1000:
+                return [found.get(i) for i in ids]
+            start = f"({page[-1][0]}"
         replies = await self._pipelined(
             [("XRANGE", self.keys.assignments, i, i, "COUNT", 1) for i in ids]
         )
         out: list[dict[str, str] | None] = []
         for reply in replies:
-            if isinstance(reply, BaseException) or not reply:
-                out.append(None)
-                continue
-            entries, _ = sized_entries(reply)
+            entries = [] if isinstance(reply, BaseException) else sized_entries(reply)[0]
             out.append(entries[0][1] if entries else None)
         return out
 

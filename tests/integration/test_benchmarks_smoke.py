@@ -106,3 +106,14 @@ def test_idle_cost_runs_and_reports_its_table(
     assert re.search(
         r"^\| \d+ \| [\d,]+ \| -?\d+\.\d KiB \| \d+\.\d ms \| \d+\.\d ms \|$", out, re.MULTILINE
     ), out
+
+
+def test_status_cost_reads_every_owned_stream(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import status_cost
+
+    assert status_cost.main(["--streams", "30", "--dead", "5", "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "30 owned streams over 4 consumers, 5 dead letters" in out, out
+    assert re.search(r"^\| 2 \| \d+ \| \d+\.\d \| [\d,]+ \|$", out, re.MULTILINE), out

@@ -5,8 +5,10 @@ letters. Standalone and on the 3 + 3 cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -199,3 +201,31 @@ async def test_unknown_service_and_unreachable_redis_are_one_line_errors(
     assert gone.returncode == 2
     assert gone.stderr.startswith("streamjobs: error: cannot reach Redis")
     assert gone.stderr.count("\n") == 1
+
+
+async def test_status_watch_refreshes_until_interrupted(
+    request: pytest.FixtureRequest, redis: Any, service: str
+) -> None:
+    url, flags = url_of(request, redis)
+    await redis.xgroup_create(Keys(service).assignments, service, id="0", mkstream=True)
+    command = [sys.executable, "-m", "streamjobs", "status", "--service", service]
+    process = await anyio.open_process(
+        [*command, "--watch", "0.2", "--json", *flags],
+        cwd=ROOT,
+        env={**os.environ, "STREAMJOBS_REDIS_URL": url, "PYTHONPATH": str(ROOT)},
+    )
+    async with process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        output = b""
+        with anyio.fail_after(30):
+            while output.count(b'"service": {') < 2:  # refreshed at least once
+                output += await process.stdout.receive()
+        process.send_signal(signal.SIGINT)
+        with anyio.fail_after(10):
+            assert await process.wait() == 0
+        errors = b""
+        with contextlib.suppress(anyio.EndOfStream):
+            while True:
+                errors += await process.stderr.receive()
+        assert b"Traceback" not in errors
