@@ -73,7 +73,9 @@ def test_kill_9_mid_handler(
     # the other two share the rest and keep free slots for c0's streams.
     fleet = worker_fleet_factory(server.url, TARGET, [*ARGS, "--concurrency", "15"])
     fleet.start("c0")
-    total = produce(sync, service, streams, 20, {"work_ms": 60})
+    # 50 entries of 60 ms: each stream takes 3 s, long enough for c1 and c2 to start
+    # (a second or so each) while c0 still owns its streams.
+    total = produce(sync, service, streams, 50, {"work_ms": 60})
     victim = "c0"
     owned = wait_for(
         lambda: (
