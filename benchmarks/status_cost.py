@@ -106,9 +106,8 @@ async def run(streams: int, consumers: int, dead: int, rounds: int) -> list[floa
                 )
             walls.append(wall)
             # The INFO call that read the counters counts itself once.
-            print(
-                f"| {n} | {wall * 1000:.0f} | {(usec1 - usec0) / 1000:.1f} | {calls1 - calls0 - 1:,} |"
-            )
+            cpu_ms, calls = (usec1 - usec0) / 1000, calls1 - calls0 - 1
+            print(f"| {n} | {wall * 1000:.0f} | {cpu_ms:.1f} | {calls:,} |")
         print(f"median wall: {statistics.median(walls) * 1000:.0f} ms")
     finally:
         await client.aclose()

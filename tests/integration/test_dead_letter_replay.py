@@ -20,9 +20,11 @@ from streamjobs import (
     DeadLetterFilter,
     DeadLetterReason,
     DeadLetters,
+    Inspector,
     Message,
     Producer,
     RecoveryConfig,
+    StreamState,
 )
 from streamjobs._keys import Keys
 from streamjobs._operator import OperatorGateway
@@ -115,6 +117,8 @@ async def test_replay_of_a_finished_streams_entry_reassigns_it(
             return consumer.ended == [stream] and await letters.length() == 1
 
         await eventually(finished)
+        status = await Inspector(redis, service=service).stream_status(stream)
+        assert status.state is StreamState.FINISHED, status
         consumer.refusing = False
         report = await letters.replay(DeadLetterFilter(source_stream=stream))
         assert [r.reassigned for r in report.replayed] == [True]
