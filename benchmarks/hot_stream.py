@@ -25,7 +25,6 @@ import contextlib
 import gc
 import os
 import platform
-import shutil
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ from redis.utils import HIREDIS_AVAILABLE
 from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
 from streamjobs._urls import redact
 from streamjobs.cli import DEFAULT_URL
-from streamjobs.testing import RedisServer, RedisServerError, answers
+from streamjobs.testing import RedisServer, RedisServerError, answers, server_binary
 
 PAYLOAD_BYTES = 100
 PRODUCE_CHUNK = 1000
@@ -71,7 +70,7 @@ class Target:
 def redis_target(url: str, use_url: bool) -> Iterator[Target]:
     """A private server unless ``use_url`` (or no ``redis-server`` binary is installed)."""
     if not use_url:
-        if shutil.which("redis-server") is not None:
+        if server_binary() is not None:
             try:
                 server = RedisServer(dir_prefix="streamjobs-bench-").start()
             except RedisServerError as exc:

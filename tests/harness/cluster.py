@@ -43,7 +43,7 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from streamjobs.testing import HOST, PortInUseError, RedisServer, RedisServerError
+from streamjobs.testing import HOST, PortInUseError, RedisServer, RedisServerError, server_binary
 
 __all__ = (
     "ClusterEndpoint",
@@ -190,7 +190,8 @@ class LocalCluster:
         node_extra_args: more arguments per node index 0-5 (0-2 start as the
             primaries, 3-5 as the replicas); appended after `extra_args`.
         startup_timeout_s: deadline for the whole bring-up.
-        redis_server: the server executable. (`redis-cli` is not needed: the
+        redis_server: the server executable; by default `redis-server`, else
+            `valkey-server`, else the bundled Valkey. (`redis-cli` is not needed: the
             cluster is created with native `CLUSTER` commands, which measured
             faster than `redis-cli --cluster create` and its 1 s sleeps.)
     """
@@ -202,7 +203,7 @@ class LocalCluster:
         extra_args: Sequence[str] = (),
         node_extra_args: Mapping[int, Sequence[str]] | None = None,
         startup_timeout_s: float = 30.0,
-        redis_server: str = "redis-server",
+        redis_server: str | None = None,
     ) -> None:
         self._node_timeout_ms = node_timeout_ms
         self._extra_args = tuple(extra_args)
@@ -238,9 +239,11 @@ class LocalCluster:
         """
         if self._nodes or self._stopped:
             raise ClusterError("a LocalCluster can be started only once")
-        server = shutil.which(self._redis_server)
+        server = server_binary(self._redis_server)
         if server is None:
-            raise ClusterStartupError(f"{self._redis_server!r} not found on PATH")
+            raise ClusterStartupError(
+                f"{self._redis_server or 'redis-server (or valkey-server)'} not found"
+            )
         started = time.monotonic()
         deadline = started + self._startup_timeout_s
         self._base_dir = Path(tempfile.mkdtemp(prefix="streamjobs-cluster-"))

