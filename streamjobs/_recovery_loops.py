@@ -245,9 +245,9 @@ class RecoveryLoops:
         )
 
     def _channel_pattern(self) -> str:
-        # A cluster has only database 0.
-        db = 0 if self._mode is ClusterMode.OSS else client_db(self._client)
-        return f"__keyspace@{db}__:{self._gw.keys.lock_pattern}"
+        # The client's database, on a cluster too: Valkey 9 allows numbered databases
+        # there (redis-py's cluster client has only 0 today, which this then reads).
+        return f"__keyspace@{client_db(self._client)}__:{self._gw.keys.lock_pattern}"
 
     async def reset_topology(self) -> None:
         """See ``StreamConsumer.reset_topology``."""

@@ -208,6 +208,17 @@ blocking = _translating(in_script=False, limited=False)
 slot (a long wait must not starve the others; the pool check counts these)."""
 
 
+def _release(node: Any, connection: Any) -> None:
+    """Give a connection back to a cluster node's pool: ``ClusterNode.release`` where
+    it exists (redis-py 6+); redis-py 5 has no such method, and takes connections
+    back through its free queue."""
+    release = getattr(node, "release", None)
+    if release is not None:
+        release(connection)
+    else:
+        node._free.append(connection)
+
+
 def text(value: bytes | str | int) -> str:
     """A reply value as str (clients may or may not decode responses)."""
     if isinstance(value, bytes):
@@ -915,7 +926,7 @@ class Gateway:
                     await self.client.exists(key)
             raise
         finally:
-            node.release(connection)
+            _release(node, connection)
         if replies is None:  # EXEC aborted (never happens without WATCH)
             raise RedisUnavailable("EXEC aborted")
         return list(replies)
@@ -1163,5 +1174,8 @@ async def cluster_state(node: Any) -> tuple[str, SlotMap]:
 
 
 def client_db(client: Any) -> int:
-    """The database number a standalone client talks to."""
-    return int(client.connection_pool.connection_kwargs.get("db", 0) or 0)
+    """The database number a client talks to (a cluster client's ``db`` too, 0 if it
+    has none)."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(client, "connection_kwargs", {})
+    return int((kwargs or {}).get("db", 0) or 0)
