@@ -117,3 +117,16 @@ def test_status_cost_reads_every_owned_stream(
     out = capsys.readouterr().out
     assert "30 owned streams over 4 consumers, 5 dead letters" in out, out
     assert re.search(r"^\| 2 \| \d+ \| \d+\.\d \| [\d,]+ \|$", out, re.MULTILINE), out
+
+
+def test_recovery_latency_measures_every_stream_of_the_victim(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import recovery_latency
+
+    args = ["--streams", "3", "--ttl", "1", "--unrelated", "0", "--scenarios", "kill,stop"]
+    assert recovery_latency.main(args) == 0
+    out = capsys.readouterr().out
+    for scenario in ("kill", "stop"):
+        row = rf"^\| {scenario} \| 0 \| 3 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 2\.0 \| (yes|no) \|$"
+        assert re.search(row, out, re.MULTILINE), out
