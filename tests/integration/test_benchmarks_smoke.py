@@ -3,7 +3,9 @@ both contenders handle exactly N entries, and it prints a ratio. No timing asser
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +132,18 @@ def test_recovery_latency_measures_every_stream_of_the_victim(
     for scenario in ("kill", "stop"):
         row = rf"^\| {scenario} \| 0 \| 3 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| 2\.0 \| (yes|no) \|$"
         assert re.search(row, out, re.MULTILINE), out
+
+
+def test_the_runner_writes_json_and_markdown(require_redis_server: str, tmp_path: Path) -> None:
+    from benchmarks import __main__ as runner
+
+    assert runner.main(["--quick", "--only", "scan_cost,status_cost", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["scenario"] for r in results["runs"]] == ["scan_cost", "status_cost"]
+    assert all(r["exit_code"] == 0 for r in results["runs"])
+    status_rows = results["runs"][1]["tables"][0]
+    assert [row["round"] for row in status_rows] == ["1", "2"]
+    assert results["machine"]["sizes"] == "quick"
+    markdown = (tmp_path / "results.md").read_text()
+    assert "## status_cost (ok," in markdown
+    assert "| round | wall ms | Redis CPU ms | commands |" in markdown

@@ -1,0 +1,194 @@
+"""Every benchmark in one command: ``python -m benchmarks``.
+
+Runs each scenario as its own process (``python -m benchmarks.<name>``, each starting
+its own private server), one after the other so they never share the CPU, and writes:
+
+* ``--out DIR/results.json``: per scenario the command, exit code, wall time, the
+  machine and versions, and every markdown table it printed, parsed into rows;
+* ``--out DIR/results.md``: the same as markdown, ready for benchmarks/README.md.
+
+``--quick`` runs every scenario at its smoke-test size (seconds, no meaningful
+numbers); the default is each scenario's full size (about 15 minutes on a 2-core VM).
+``--only a,b`` picks scenarios. A scenario that fails is reported and the others run;
+the exit code is 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# scenario -> (full-size arguments, smoke-size arguments)
+SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
+    "hot_stream": ([], ["--entries", "2000", "--rounds", "2"]),
+    "many_streams": ([], ["--streams", "20", "--entries", "3", "--rounds", "2"]),
+    "idle_cost": (
+        ["--streams", "10000"],
+        ["--streams", "30", "--wakeups", "5", "--window-s", "0.5"],
+    ),
+    "scan_cost": ([], ["--assignments", "300", "--passes", "2"]),
+    "big_entries": ([], ["--entries", "3", "--mb", "1"]),
+    "status_cost": ([], ["--streams", "30", "--dead", "5", "--rounds", "2"]),
+    "recovery_latency": ([], ["--streams", "3", "--ttl", "1", "--unrelated", "0"]),
+    "peers": (["--entries", "20000"], ["--entries", "50", "--rounds", "1"]),
+}
+
+
+@dataclass
+class Run:
+    scenario: str
+    command: list[str]
+    exit_code: int
+    seconds: float
+    tables: list[list[dict[str, str]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Output lines that are not table rows (summaries, medians)."""
+
+
+def parse_tables(text: str) -> tuple[list[list[dict[str, str]]], list[str]]:
+    """Markdown tables in ``text`` as lists of {header: cell}, and the other lines."""
+    tables: list[list[dict[str, str]]] = []
+    notes: list[str] = []
+    header: list[str] | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("|"):
+            header = None
+            if stripped:
+                notes.append(stripped)
+            continue
+        cells = [c.strip() for c in stripped.strip("|").split("|")]
+        if header is None:
+            header = cells
+            tables.append([])
+        elif all(set(c) <= set("-: ") for c in cells):
+            continue
+        else:
+            tables[-1].append(dict(zip(header, cells, strict=False)))
+    return tables, notes
+
+
+def run(scenario: str, args: list[str], timeout_s: float) -> Run:
+    command = [sys.executable, "-m", f"benchmarks.{scenario}", *args]
+    print(f"== {scenario}: {' '.join(command[1:])}", flush=True)
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        code, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        code, out = 124, f"timed out after {timeout_s:g}s\n{partial}"
+    seconds = time.perf_counter() - started
+    print(out, flush=True)
+    tables, notes = parse_tables(out)
+    return Run(scenario, command[1:], code, round(seconds, 1), tables, notes)
+
+
+def machine() -> dict[str, Any]:
+    import redis
+
+    import streamjobs
+    from streamjobs.testing import server_binary
+
+    binary = server_binary()
+    server = "none found"
+    if binary is not None:
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True)
+        server = version.stdout.strip()
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "redis_py": redis.__version__,
+        "streamjobs": streamjobs.__version__,
+        "server": server,
+    }
+
+
+def to_markdown(about: dict[str, Any], runs: Sequence[Run]) -> str:
+    lines = [
+        "# Benchmark results",
+        "",
+        ", ".join(f"{k}: {v}" for k, v in about.items()),
+        "",
+    ]
+    for r in runs:
+        status = "ok" if r.exit_code == 0 else f"FAILED (exit {r.exit_code})"
+        lines += [
+            f"## {r.scenario} ({status}, {r.seconds:g} s)",
+            "",
+            f"`{' '.join(r.command)}`",
+            "",
+        ]
+        for table in r.tables:
+            if not table:
+                continue
+            headers = list(table[0])
+            lines.append("| " + " | ".join(headers) + " |")
+            lines.append("|" + "---|" * len(headers))
+            lines += ["| " + " | ".join(row.get(h, "") for h in headers) + " |" for row in table]
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN, END = "<!-- latest-run -->", "<!-- /latest-run -->"
+
+
+def update_readme(path: Path, markdown: str) -> None:
+    """Replace what lies between the latest-run markers of ``path`` (headings demoted
+    two levels, to sit under the README's own)."""
+    body = re.sub(r"^(#+) ", lambda m: "#" * (len(m[1]) + 2) + " ", markdown, flags=re.M)
+    text = path.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{body}{END}{tail}", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes")
+    parser.add_argument("--only", default=None, help="comma-separated scenarios")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="per scenario, seconds")
+    parser.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="put this run's tables in benchmarks/README.md (between its latest-run markers)",
+    )
+    ns = parser.parse_args(argv)
+    names = list(SCENARIOS) if ns.only is None else ns.only.split(",")
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    runs = [run(n, SCENARIOS[n][1 if ns.quick else 0], ns.timeout) for n in names]
+    about = machine() | {"sizes": "quick" if ns.quick else "full"}
+    ns.out.mkdir(parents=True, exist_ok=True)
+    (ns.out / "results.json").write_text(
+        json.dumps({"machine": about, "runs": [asdict(r) for r in runs]}, indent=2) + "\n"
+    )
+    (ns.out / "results.md").write_text(to_markdown(about, runs))
+    print(f"wrote {ns.out / 'results.json'} and {ns.out / 'results.md'}")
+    if ns.update_readme:
+        update_readme(ROOT / "benchmarks" / "README.md", to_markdown(about, runs))
+    return 0 if all(r.exit_code == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
