@@ -191,6 +191,10 @@ def print_overview(view: Overview, out: TextIO) -> None:
         out.write(f"  (counted over the newest {view.dlq.counted})\n")
 
 
+def _inspector(client: Any, ns: argparse.Namespace) -> Inspector:
+    return Inspector(client, service=ns.service, key_prefix=ns.key_prefix, dlq_stream=ns.dlq_stream)
+
+
 async def run_status(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
     inspector = Inspector(
         client, service=ns.service, key_prefix=ns.key_prefix, dlq_stream=ns.dlq_stream
@@ -238,6 +242,7 @@ async def run_dlq(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
     letters = DeadLetters(
         client, service=ns.service, key_prefix=ns.key_prefix, dlq_stream=ns.dlq_stream
     )
+    await _inspector(client, ns).check_service(queued_only=True)
     selection = _filter(ns)
     if ns.ids and selection is not None:
         raise UsageError("give dead-letter IDs or filters, not both")
@@ -292,6 +297,7 @@ async def run_dlq(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
 
 async def run_cancel(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
     producer = Producer(client, service=ns.service, key_prefix=ns.key_prefix)
+    await _inspector(client, ns).check_service(queued_only=True)
     outcome = await producer.cancel_stream(ns.stream, ns.reason)
     messages = {
         "removed": "removed its queued assignment",

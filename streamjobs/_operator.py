@@ -94,6 +94,15 @@ class OperatorGateway(Gateway):
         return any(text(g.get("name", "")) == self.keys.group for g in groups)
 
     @translated
+    async def any_exists(self, *keys: str) -> bool:
+        """Whether any of ``keys`` exists (one EXISTS per key: they may lie in
+        different slots)."""
+        for key in keys:
+            if await self.client.exists(key):
+                return True
+        return False
+
+    @translated
     async def consumers(self) -> list[ConsumerRow]:
         """XINFO CONSUMERS of the assignment group."""
         reply = await self.client.xinfo_consumers(self.keys.assignments, self.keys.group)

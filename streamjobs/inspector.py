@@ -178,10 +178,15 @@ class Inspector:
         self._keys = keys
         self._gw = OperatorGateway(redis, keys, dlq=dlq_stream)
 
-    async def check_service(self) -> None:
+    async def check_service(self, *, queued_only: bool = False) -> None:
         """Raises:
-        UnknownService: the service's assignment stream has no consumer group here.
+        UnknownService: the service's assignment stream has no consumer group here
+            (with ``queued_only``: neither the assignment stream nor the dead-letter
+            stream exists, so a service whose work was queued before any consumer
+            ran still counts).
         """
+        if queued_only and await self._gw.any_exists(self._keys.assignments, self._gw.dlq):
+            return
         if not await self._gw.group_exists():
             raise UnknownService(
                 f"no service {self._keys.service!r} here: {self._keys.assignments} has no "

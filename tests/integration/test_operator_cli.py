@@ -193,10 +193,17 @@ async def test_unknown_service_and_unreachable_redis_are_one_line_errors(
     request: pytest.FixtureRequest, redis: Any, service: str
 ) -> None:
     url, flags = url_of(request, redis)
-    done = await cli(url, "status", "--service", service, *flags)
-    assert done.returncode == 1
-    assert done.stderr.count("\n") == 1
-    assert f"no service {service!r}" in done.stderr
+    for command in (
+        ["status"],
+        ["dlq", "list"],
+        ["dlq", "purge", "--all"],
+        ["cancel", "some-stream"],
+        ["consumers", "prune"],
+    ):
+        done = await cli(url, *command, "--service", service, *flags)
+        assert done.returncode == 1, (command, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert f"no service {service!r}" in done.stderr
     gone = await cli("redis://127.0.0.1:1/0", "dlq", "list", "--service", service)
     assert gone.returncode == 2
     assert gone.stderr.startswith("streamjobs: error: cannot reach Redis")
