@@ -196,9 +196,7 @@ def _inspector(client: Any, ns: argparse.Namespace) -> Inspector:
 
 
 async def run_status(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
-    inspector = Inspector(
-        client, service=ns.service, key_prefix=ns.key_prefix, dlq_stream=ns.dlq_stream
-    )
+    inspector = _inspector(client, ns)
     if ns.watch is not None and ns.watch <= 0:
         raise UsageError(f"--watch: must be a number of seconds above 0, got {ns.watch}")
     while True:
@@ -216,7 +214,7 @@ async def run_status(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
 
 
 @contextmanager
-def progress_bar(total_hint: int, what: str) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(what: str) -> Iterator[Callable[[int, int], None]]:
     """A callback for ``progress=``, drawing a tqdm bar (on stderr) once the work is
     larger than :data:`PROGRESS_FROM`."""
     bar: Any = None
@@ -273,7 +271,7 @@ async def run_dlq(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
         raise UsageError(f"dlq {command}: give dead-letter IDs, a filter, or --all")
     target: Sequence[str] | DeadLetterFilter = ns.ids or selection or DeadLetterFilter()
     if command == "replay":
-        with progress_bar(0, "replaying") as update:
+        with progress_bar("replaying") as update:
             report: ReplayReport = await letters.replay(target, dry_run=ns.dry_run, progress=update)
         if ns.json:
             out.write(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
@@ -286,7 +284,7 @@ async def run_dlq(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
             done = "would replay" if ns.dry_run else "replayed"
             out.write(f"{done}: {len(report.replayed)}, skipped: {len(report.skipped)}\n")
         return 0
-    with progress_bar(0, "purging") as update:
+    with progress_bar("purging") as update:
         ids = await letters.purge(target, dry_run=ns.dry_run, progress=update)
     if ns.json:
         out.write(json.dumps({"purged": ids, "dry_run": ns.dry_run}, indent=2) + "\n")

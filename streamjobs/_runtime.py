@@ -493,11 +493,11 @@ class Runtime:
         while True:
             try:
                 sample = await self.gateway.sample()
-            except Exception as exc:
+                self.metrics.service_sampled(self.service, sample)
+            except Exception as exc:  # Redis, or the user's recorder
                 await guard.failed(exc, "sampling the queue")
                 continue
             guard.ok()
-            self.metrics.service_sampled(self.service, sample)
             await anyio.sleep(interval_s)
 
     async def _touch_session(self) -> None:

@@ -19,6 +19,11 @@ local id = redis.call('HGET', KEYS[2], ARGV[2])
 if not id then
   return {'none', ''}
 end
+local lbs_type = redis.call('TYPE', KEYS[1])['ok']
+local lease_type = redis.call('TYPE', KEYS[3])['ok']
+if (lbs_type ~= 'stream' and lbs_type ~= 'none') or (lease_type ~= 'zset' and lease_type ~= 'none') then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' or ' .. KEYS[3] .. ' holds another type')
+end
 local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], id, id, 1)
 if p['err'] == nil and #p > 0 then  -- (no group yet: nothing was delivered)
   return {'delivered', id}

@@ -20,6 +20,8 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {0}
 end
+-- Read before the first write: a script is not rolled back.
+local cancelled = redis.call('GET', KEYS[3])
 if #ARGV > 2 then
   redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 3))
 end
@@ -39,4 +41,4 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
     break
   end
 end
-return {1, last, pending, redis.call('GET', KEYS[3])}
+return {1, last, pending, cancelled}
