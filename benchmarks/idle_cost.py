@@ -8,7 +8,12 @@ scripts included) and the consumer process's RSS per owned stream. Then it appen
 entry at a time to random idle streams and measures how long each takes to reach
 ``handle()`` (the wake-up latency, p50 and p99).
 
-Run: ``python -m benchmarks.idle_cost [--streams 2000] [--wakeups 200]``.
+Both liveness modes are measured (docs/design.md#liveness), each in a process of its
+own so that RSS is measured from a clean start: ``Liveness.LOCK`` extends every lock
+every heartbeat, ``Liveness.SESSION`` renews one session key.
+
+Run: ``python -m benchmarks.idle_cost [--streams 2000] [--wakeups 200]
+[--liveness lock,session]``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -25,7 +31,7 @@ from typing import Any
 import anyio
 import redis.asyncio
 
-from streamjobs import ConsumerConfig, Message, Producer, StreamConsumer
+from streamjobs import ConsumerConfig, Liveness, Message, Producer, StreamConsumer
 from streamjobs.testing import RedisServer
 
 CHUNK = 1000
@@ -64,7 +70,13 @@ async def _calls(admin: Any) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_"))
 
 
-async def run(streams: int, wakeups: int, window_s: float) -> None:
+HEADER = (
+    "| liveness | connections | Redis commands/s | RSS per stream | wake-up p50 | wake-up p99 |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+async def run(streams: int, wakeups: int, window_s: float, liveness: Liveness) -> None:
     server = RedisServer(dir_prefix="streamjobs-bench-").start()
     admin: Any = redis.asyncio.Redis.from_url(server.url)
     client: Any = redis.asyncio.Redis.from_url(server.url)
@@ -78,7 +90,7 @@ async def run(streams: int, wakeups: int, window_s: float) -> None:
         consumer = _Timed(
             client,
             service=service,
-            config=ConsumerConfig(max_concurrent_streams=streams, lock_ttl_s=10),
+            config=ConsumerConfig(max_concurrent_streams=streams, lock_ttl_s=10, liveness=liveness),
         )
         consumer.expected = streams
         t0 = time.perf_counter()
@@ -103,11 +115,13 @@ async def run(streams: int, wakeups: int, window_s: float) -> None:
                 await anyio.sleep(0.01)
         lat = sorted(consumer.latencies)
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-        print(f"{streams:,} idle streams owned by one consumer (taken in {took:.1f} s)")
-        print("| connections | Redis commands/s | RSS per stream | wake-up p50 | wake-up p99 |")
-        print("|---|---|---|---|---|")
         print(
-            f"| {clients} | {per_s:,.0f} | {rss / 1024:.1f} KiB | "
+            f"{streams:,} idle streams owned by one consumer, liveness {liveness.value} "
+            f"(taken in {took:.1f} s)",
+            file=sys.stderr,
+        )
+        print(
+            f"| {liveness.value} | {clients} | {per_s:,.0f} | {rss / 1024:.1f} KiB | "
             f"{statistics.median(lat) * 1000:.1f} ms | {p99 * 1000:.1f} ms |"
         )
     finally:
@@ -121,8 +135,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--wakeups", type=int, default=200)
     parser.add_argument("--window-s", type=float, default=10.0)
+    parser.add_argument(
+        "--liveness",
+        default="lock,session",
+        help="comma-separated liveness modes, each measured in a fresh process",
+    )
+    parser.add_argument("--row-only", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
-    anyio.run(run, ns.streams, ns.wakeups, ns.window_s)
+    modes = [Liveness(m.strip()) for m in ns.liveness.split(",") if m.strip()]
+    if ns.row_only:
+        anyio.run(run, ns.streams, ns.wakeups, ns.window_s, modes[0])
+        return 0
+    print(f"{ns.streams:,} idle streams owned by one consumer (lock TTL 10 s)")
+    print(HEADER, flush=True)
+    for mode in modes:
+        args = ["--streams", str(ns.streams), "--wakeups", str(ns.wakeups)]
+        args += ["--window-s", str(ns.window_s), "--liveness", mode.value, "--row-only"]
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.idle_cost", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        sys.stderr.write(done.stderr)
+        if done.returncode:
+            raise SystemExit(f"idle_cost --liveness {mode.value} failed ({done.returncode})")
+        print(done.stdout, end="", flush=True)
     return 0
 
 

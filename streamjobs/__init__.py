@@ -11,6 +11,7 @@ from ._deadletter import DeadLetterRecord as DeadLetterRecord
 from ._stats import ConsumerStatistics as ConsumerStatistics
 from .config import ClusterMode as ClusterMode
 from .config import ConsumerConfig as ConsumerConfig
+from .config import Liveness as Liveness
 from .config import RecoveryConfig as RecoveryConfig
 from .consumer import StreamConsumer as StreamConsumer
 from .dlq import DeadLetterFilter as DeadLetterFilter
@@ -62,6 +63,7 @@ __all__ = (
     "Inspector",
     "InvalidAssignment",
     "InvalidStreamName",
+    "Liveness",
     "Message",
     "MetricsRecorder",
     "NoSuchGroup",

@@ -92,6 +92,12 @@ class Keys:
         return f"{self.prefix}:{{{self.service}}}:active"
 
     @property
+    def sessions(self) -> str:
+        """Sorted set: session index member (``<incarnation>:<consumer>``) -> server-time
+        deadline (ms) of consumers under ``Liveness.SESSION``; same slot as the LBS."""
+        return f"{self.prefix}:{{{self.service}}}:sessions"
+
+    @property
     def scan_lease(self) -> str:
         """String: the consumer running this interval's reconciliation scan (PX)."""
         return f"{self.prefix}:{{{self.service}}}:scan:lease"
@@ -141,13 +147,14 @@ class Keys:
         if name in (
             self.assignments,
             self.leases,
+            self.sessions,
             self.active,
             self.scan_lease,
             self.scan_cursor,
         ) or name.startswith(self.idempotency_prefix):
             raise ConfigurationError(
                 "dlq_stream",
-                "must not be the assignment stream, the lease index, the scan keys, the "
+                "must not be the assignment stream, the lease or session index, the scan keys, the "
                 f"active-assignment index or an idempotency key ({name!r})",
             )
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._redis import Gateway, raw, script, sized_entries, text, translated
+from ._session import parse_session_token
 
 CHUNK = 1000
 """Commands per pipeline round trip."""
@@ -67,8 +68,12 @@ def _order(entry_id: str) -> tuple[int, int]:
 
 
 def owner_of(token: str | None) -> str:
-    """The consumer name in a lock token (``name:random``)."""
-    return "" if not token else token.rsplit(":", 1)[0]
+    """The consumer name in a lock token (``name:random``, or a session's token:
+    docs/design.md#liveness)."""
+    if not token:
+        return ""
+    parsed = parse_session_token(token)
+    return token.rsplit(":", 1)[0] if parsed is None else parsed[1]
 
 
 class OperatorGateway(Gateway):

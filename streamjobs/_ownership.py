@@ -22,7 +22,6 @@ import enum
 import functools
 import logging
 import math
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
 from ._guard import log_failure
 from ._recovery import Recoverer
 from ._redis import StreamGateway
+from ._session import parse_session_token
 from ._waiter import Waiter
 from ._wire import CANCEL_FIELD, EOS_FIELD, EOS_VALUE, Assignment, is_eos
 from .config import ConsumerConfig
@@ -138,6 +138,17 @@ class Host(Protocol):
     """The multiplexed idle wait (standalone servers), or None: each stream blocks
     on a read of its own."""
     """Bytes of the largest entry in the last batch any stream read: sizes first reads."""
+    session_confirmed_at: float | None
+    """Under ``Liveness.SESSION``: when (monotonic) the call that last renewed the
+    session was sent, or None while there is no live session; under ``Liveness.LOCK``
+    always None. Each lock then lives as long as the session."""
+
+    @property
+    def lock_ttl_ms(self) -> int:
+        """The TTL locks are taken and extended with (docs/design.md#liveness)."""
+
+    def lock_token(self) -> str:
+        """A fresh token for a stream's lock."""
 
     @property
     def draining(self) -> bool:
@@ -185,7 +196,8 @@ class OwnedStream:
     def __init__(self, host: Host, assignment: Assignment) -> None:
         self.host = host
         self.assignment = assignment
-        self.token = f"{host.name}:{secrets.token_hex(8)}"
+        self.token = host.lock_token()
+        self.lock_extended_at = 0.0  # monotonic: when the lock's TTL was last set
         self.acquired = False
         self.lost = False
         self.finish_requested = False
@@ -299,24 +311,35 @@ class OwnedStream:
         return self.lost or self.host.draining
 
     async def _acquire(self) -> bool:
-        """Take the lock; False (to hand the assignment back) if someone holds it."""
+        """Take the lock; False (to hand the assignment back) if someone holds it.
+
+        A lock that names a dead session (``Liveness.SESSION``, whichever liveness this
+        consumer uses) is replaced: the session never comes back, so its owner can
+        neither renew it nor pass a fenced call again.
+        """
         host, cfg = self.host, self.host.config
         if not await self._still_assigned():
             return False
         backoff = Backoff(base_s=0.05, cap_s=cfg.heartbeat_s)
         give_up_at = time.monotonic() + cfg.heartbeat_s
+        replace = ""
         while not host.draining:
             sent = time.monotonic()
             try:
-                if await host.gateway.acquire(self.stream, self.token, cfg.lock_ttl_ms):
+                if await host.gateway.acquire(self.stream, self.token, host.lock_ttl_ms, replace):
                     self.acquired = True
-                    self.renew(sent)
+                    self.lock_extended_at = sent
+                    session_at = host.session_confirmed_at
+                    self.renew(sent if session_at is None else min(sent, session_at))
                     host.adopt(self)
                     host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
                     self.log.debug("acquired stream %r", self.stream)
                     await self._record_lease()
                     await self._report_recovery()
                     return True
+                replace = await self._dead_holder()
+                if replace and time.monotonic() < give_up_at:
+                    continue
             except PERMANENT as exc:
                 self.unusable = exc
                 return False
@@ -331,6 +354,23 @@ class OwnedStream:
             # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
             await anyio.sleep(backoff.next_delay())
         return False
+
+    async def _dead_holder(self) -> str:
+        """The token holding the lock if it names a dead session, else ''."""
+        gw = self.host.gateway
+        holder = await gw.lock_holder(self.stream)
+        parsed = None if holder is None else parse_session_token(holder)
+        if holder is None or parsed is None:
+            return ""
+        incarnation, consumer = parsed
+        if await gw.session_alive(consumer, incarnation):
+            return ""
+        self.log.info(
+            "stream %r: its lock names the dead session of %r: taking it over",
+            self.stream,
+            consumer,
+        )
+        return holder
 
     async def _report_recovery(self) -> None:
         """A recovered assignment (it carries ``_lost_at``): report how long the stream
@@ -390,9 +430,7 @@ class OwnedStream:
     async def _record_lease(self) -> None:
         host = self.host
         try:
-            await host.gateway.record_leases(
-                [self.assignment.id], host.config.lock_ttl_ms, new=True
-            )
+            await host.gateway.record_leases([self.assignment.id], host.lock_ttl_ms, new=True)
         except Exception as exc:
             # Without a lease record a crash is still found, by the XPENDING scan after
             # min_idle_s instead of the lease sweep.

@@ -42,7 +42,8 @@ def decide(
 
     Args:
         parsed: the parsed entry, or why it could not be parsed.
-        lock_exists: whether its stream's lock exists (ignored for unparseable entries:
+        lock_exists: whether its stream's lock is alive: it exists and, if it names a
+            session, that session is alive (ignored for unparseable entries:
             they are poison for everyone and have no lock to look at).
         max_retries: ``RecoveryConfig.max_retries``.
         raw_retry: the entry's ``_retry_count`` as far as it could be read (for the DLQ).
@@ -121,7 +122,7 @@ class Recoverer:
             parsed = exc
         lock_exists = False
         if isinstance(parsed, Assignment):
-            lock_exists = await self._gw.lock_exists(parsed.stream)
+            lock_exists = await self._gw.lock_alive(parsed.stream)
         decision = decide(
             parsed,
             lock_exists=lock_exists,

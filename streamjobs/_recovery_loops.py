@@ -35,6 +35,7 @@ from ._notifications import (
 )
 from ._recovery import Recoverer
 from ._redis import StreamGateway, client_db
+from ._session import parse_member as parse_session_member
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder
 
@@ -46,6 +47,9 @@ One refused or lost sooner backs off (capped, jittered), so a refusal (NOPERM) i
 retried many times a second."""
 
 _SWEEP_LIMIT = 100
+_SESSION_MIN_IDLE_MS = 2000
+"""A dead session's assignments pending for less are left to a later sweep: they were
+read by a live incarnation under the same consumer name, which is taking their locks."""
 
 
 class RecoveryLoops:
@@ -116,7 +120,44 @@ class RecoveryLoops:
         due = await self._gw.sweep_leases(horizon_ms, _SWEEP_LIMIT, recheck_ms)
         for assignment_id, deadline_ms in due:
             await self._recover_one(assignment_id, "", deadline_ms)
-        return len(due)
+        sessions = await self._gw.sweep_sessions(_SWEEP_LIMIT, recheck_ms)
+        for member, deadline_ms in sessions:
+            await self._recover_session(member, deadline_ms)
+        return max(len(due), len(sessions))
+
+    async def _recover_session(self, member: str, deadline_ms: int) -> None:
+        """Recover what a consumer session that fell due held (``Liveness.SESSION``).
+
+        A session still alive (its heartbeat is late, or the member was pushed ahead by
+        another sweeper) is left alone: its next renewal writes its true deadline. A
+        dead one has each assignment pending under its consumer name re-queued unless
+        its lock is alive (a later incarnation under the same name holds it); then the
+        member goes. Entries pending for less than ``_SESSION_MIN_IDLE_MS`` are left to
+        a later pass: a live incarnation under the same name is still taking their lock.
+        """
+        parsed = parse_session_member(member)
+        if parsed is None:
+            return  # not written by streamjobs: left alone
+        incarnation, consumer = parsed
+        try:
+            if await self._gw.session_alive(consumer, incarnation):
+                return
+            start, fresh = "-", False
+            while True:
+                page = await self._gw.pending_page(0, start, _SWEEP_LIMIT, consumer)
+                for p in page:
+                    if p.idle_ms < _SESSION_MIN_IDLE_MS:
+                        fresh = True  # looked at again after the re-check delay
+                    else:
+                        await self._recover_one(p.id, consumer, deadline_ms)
+                if len(page) < _SWEEP_LIMIT:
+                    break
+                start = "(" + page[-1].id
+            if not fresh:
+                await self._gw.session("forget", consumer, incarnation, 0, incarnation)
+        except Exception as exc:
+            self._metrics.loop_error(self._service, "recover")
+            log_failure(log, f"recovering the session of consumer {consumer!r}", exc, 0.0)
 
     async def _recover_one(
         self, assignment_id: str, owner: str, lost_at_ms: int | None = None

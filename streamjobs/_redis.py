@@ -37,6 +37,8 @@ from redis import exceptions as rex
 from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
 from ._keys import Keys
 from ._scripts import MAX_COPY_VALUES, NAMES, Scripts, source
+from ._session import incarnation_of, parse_session_token
+from ._session import member as session_member
 from ._wire import (
     CANCEL_FIELD,
     EOS_FIELD,
@@ -310,12 +312,17 @@ def _raw_fields(fields: Mapping[Any, Any] | None) -> RawFields:
     return {text(k): v for k, v in (fields or {}).items()}
 
 
+SessionMode = Literal["create", "renew", "end", "forget"]
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """One entry of XPENDING's extended form: its id and the consumer holding it."""
+    """One entry of XPENDING's extended form: its id, the consumer holding it, and how
+    long ago it was delivered (ms)."""
 
     id: str
     consumer: str
+    idle_ms: int = 0
 
 
 class StreamGateway(Protocol):
@@ -330,7 +337,9 @@ class StreamGateway(Protocol):
         self, consumer: str, count: int, block_ms: int
     ) -> list[tuple[str, RawFields]]: ...
     async def fetch_assignment(self, entry_id: str) -> RawFields | None: ...
-    async def pending_page(self, min_idle_ms: int, start: str, count: int) -> list[Pending]: ...
+    async def pending_page(
+        self, min_idle_ms: int, start: str, count: int, consumer: str | None = None
+    ) -> list[Pending]: ...
     async def pending_owner(self, entry_id: str) -> str: ...
     async def lease_scores(self, ids: Sequence[str]) -> list[float | None]: ...
     async def server_time_ms(self) -> int: ...
@@ -344,7 +353,7 @@ class StreamGateway(Protocol):
         self, assignment_id: str, meta: Pairs
     ) -> tuple[str, int] | None: ...
     async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]: ...
-    async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool: ...
+    async def acquire(self, stream: str, token: str, ttl_ms: int, replace: str = "") -> bool: ...
     async def extend_many(
         self, locks: Sequence[tuple[str, str]], ttl_ms: int
     ) -> list[bool | None]: ...
@@ -364,6 +373,8 @@ class StreamGateway(Protocol):
         self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()
     ) -> bool: ...
     async def lock_exists(self, stream: str) -> bool: ...
+    async def lock_alive(self, stream: str) -> bool: ...
+    async def session_alive(self, consumer: str, incarnation: str) -> bool: ...
     async def lock_holder(self, stream: str) -> str | None: ...
     async def is_end_marker(self, stream: str, entry_id: str) -> bool: ...
     async def seal(
@@ -377,6 +388,10 @@ class StreamGateway(Protocol):
     ) -> bool: ...
     async def touch_session(self, consumer: str, value: str, ttl_ms: int) -> None: ...
     async def end_session(self, consumer: str) -> None: ...
+    async def session(
+        self, mode: SessionMode, consumer: str, value: str, ttl_ms: int, incarnation: str
+    ) -> bool: ...
+    async def sweep_sessions(self, limit: int, recheck_ms: int) -> list[tuple[str, int]]: ...
     async def sweep_leases(
         self, horizon_ms: int, limit: int, recheck_ms: int
     ) -> list[tuple[str, int]]: ...
@@ -537,12 +552,28 @@ class Gateway:
         return _raw_fields(reply[0][1])
 
     @translated
-    async def pending_page(self, min_idle_ms: int, start: str, count: int) -> list[Pending]:
-        """One XPENDING page (ids >= ``start``) of entries idle at least ``min_idle_ms``."""
+    async def pending_page(
+        self, min_idle_ms: int, start: str, count: int, consumer: str | None = None
+    ) -> list[Pending]:
+        """One XPENDING page (ids >= ``start``) of entries idle at least ``min_idle_ms``,
+        of every consumer or only of ``consumer``."""
         reply = await self.client.xpending_range(
-            self.keys.assignments, self.keys.group, start, "+", count, idle=min_idle_ms
+            self.keys.assignments,
+            self.keys.group,
+            start,
+            "+",
+            count,
+            consumername=consumer,
+            idle=min_idle_ms,
         )
-        return [Pending(id=text(p["message_id"]), consumer=text(p["consumer"])) for p in reply]
+        return [
+            Pending(
+                id=text(p["message_id"]),
+                consumer=text(p["consumer"]),
+                idle_ms=int(p["time_since_delivered"]),
+            )
+            for p in reply
+        ]
 
     @translated
     async def pending_owner(self, entry_id: str) -> str:
@@ -724,9 +755,12 @@ class Gateway:
     # -- locks and data streams ----------------------------------------------------
 
     @script
-    async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool:
+    async def acquire(self, stream: str, token: str, ttl_ms: int, replace: str = "") -> bool:
+        """Take ``stream``'s lock for ``token``: if it is free, or if it holds ``replace``
+        (a dead session's token, read by the caller: docs/design.md#liveness)."""
         r = await self.scripts.acquire(
-            keys=[self.keys.lock(stream), stream], args=[token, ttl_ms, self.keys.group]
+            keys=[self.keys.lock(stream), stream],
+            args=[token, ttl_ms, self.keys.group, replace],
         )
         return int(r) == 1
 
@@ -998,6 +1032,43 @@ class Gateway:
     @translated
     async def lock_exists(self, stream: str) -> bool:
         return int(await self.client.exists(self.keys.lock(stream))) == 1
+
+    async def lock_alive(self, stream: str) -> bool:
+        """Whether ``stream``'s lock exists and, if it names a session, that session is
+        alive (two reads: the lock is in the stream's slot, the session in the
+        service's). A dead session never comes back, so False stays true."""
+        holder = await self.lock_holder(stream)
+        if holder is None:
+            return False
+        parsed = parse_session_token(holder)
+        if parsed is None:
+            return True
+        incarnation, consumer = parsed
+        return await self.session_alive(consumer, incarnation)
+
+    @translated
+    async def session_alive(self, consumer: str, incarnation: str) -> bool:
+        """Whether ``consumer``'s session key exists and holds ``incarnation``."""
+        value = await self.client.get(self.keys.session(consumer))
+        return incarnation_of(None if value is None else text(value)) == incarnation
+
+    @script
+    async def session(
+        self, mode: SessionMode, consumer: str, value: str, ttl_ms: int, incarnation: str
+    ) -> bool:
+        """session.lua: create, renew, end or forget one incarnation of ``consumer``'s
+        session (``value`` is the incarnation itself for 'forget')."""
+        r = await self.scripts.session(
+            keys=[self.keys.session(consumer), self.keys.sessions],
+            args=[mode, value, ttl_ms, session_member(incarnation, consumer)],
+        )
+        return int(r) == 1
+
+    @script
+    async def sweep_sessions(self, limit: int, recheck_ms: int) -> list[tuple[str, int]]:
+        """Claim due session index members: (member, its deadline in server ms) each."""
+        r = await self.scripts.sweep(keys=[self.keys.sessions], args=[0, limit, recheck_ms])
+        return [(text(r[i]), int(float(text(r[i + 1])))) for i in range(0, len(r), 2)]
 
     @translated
     async def lock_holder(self, stream: str) -> str | None:

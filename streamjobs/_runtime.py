@@ -5,9 +5,11 @@ background work, all in one anyio task group:
 
 * intake: XREADGROUP on the assignment stream for as many assignments as there are
   free slots (short BLOCK, so stopping is prompt), one :class:`OwnedStream` task each;
-* heartbeat: extend every owned lock in one round trip (compare-and-set on the
-  token), renew each stream's local lease, and record the new deadlines in the
-  lease index;
+* heartbeat: under ``Liveness.LOCK``, extend every owned lock in one round trip
+  (compare-and-set on the token), renew each stream's local lease, and record the new
+  deadlines in the lease index; under ``Liveness.SESSION``, renew the session key
+  (compare-and-set on its value) and with it every local lease, and extend only the
+  locks whose long TTL is a third gone (docs/design.md#liveness);
 * recovery (``_recovery_loops``): keyspace expiry events, the lease sweep and the
   XPENDING reconciliation scan.
 
@@ -23,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,10 +39,11 @@ from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
 from ._redis import REDIS_FAILURES, Gateway, RawFields, StreamGateway, eviction_policies
+from ._session import new_incarnation, session_token
 from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
 from ._wire import parse_assignment
-from .config import ClusterMode, ConsumerConfig, RecoveryConfig
+from .config import ClusterMode, ConsumerConfig, Liveness, RecoveryConfig
 from .exceptions import (
     ConfigurationError,
     InvalidAssignment,
@@ -134,9 +138,10 @@ class Runtime:
         self._draining = False
         self.running = False
         self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
-        self._session_value = json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
-        )
+        self.session_mode = config.liveness is Liveness.SESSION
+        self.session_confirmed_at: float | None = None
+        self._session_changed = anyio.Event()
+        self._new_incarnation()
         self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
@@ -146,6 +151,28 @@ class Runtime:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    @property
+    def lock_ttl_ms(self) -> int:
+        cfg = self.config
+        return cfg.session_lock_ttl_ms if self.session_mode else cfg.lock_ttl_ms
+
+    def lock_token(self) -> str:
+        if self.session_mode:
+            return session_token(self._incarnation, self.name)
+        return f"{self.name}:{secrets.token_hex(8)}"
+
+    def _new_incarnation(self) -> None:
+        """A new session identity: at start, and after a session was found dead."""
+        self._incarnation = new_incarnation()
+        self._session_value = json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": time.time(),
+                "incarnation": self._incarnation,
+            }
+        )
 
     def adopt(self, stream: OwnedStream) -> None:
         previous = self.owned.get(stream.stream)
@@ -402,6 +429,9 @@ class Runtime:
         guard = LoopGuard("intake", self.service, self.metrics, log)
         try:
             while not self._draining:
+                if self.session_mode and not self._session_live():
+                    await self._wait_for_session()
+                    continue
                 free = self.config.max_concurrent_streams - len(self._streams)
                 if free <= 0:
                     await self._slot_freed.wait()
@@ -502,7 +532,11 @@ class Runtime:
 
     async def _touch_session(self) -> None:
         """Renew this consumer's session key (one lock TTL): what tells operators, and
-        the pruning of consumer names, that it is alive."""
+        the pruning of consumer names, that it is alive; under ``Liveness.SESSION``
+        also what keeps its locks valid."""
+        if self.session_mode:
+            await self._renew_session()
+            return
         try:
             await self.gateway.touch_session(
                 self.name, self._session_value, self.config.lock_ttl_ms
@@ -514,11 +548,118 @@ class Runtime:
     async def _end_session(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
-                await self.gateway.end_session(self.name)
+                if self.session_mode:
+                    if self.session_confirmed_at is not None:
+                        await self.gateway.session(
+                            "end",
+                            self.name,
+                            self._session_value,
+                            self.config.lock_ttl_ms,
+                            self._incarnation,
+                        )
+                    self.session_confirmed_at = None
+                else:
+                    await self.gateway.end_session(self.name)
             except Exception as exc:
                 log_failure(log, "ending the consumer session", exc, 0.0)
 
+    def _session_live(self) -> bool:
+        at = self.session_confirmed_at
+        cfg = self.config
+        return at is not None and time.monotonic() < at + cfg.lock_ttl_s - cfg.margin_s
+
+    async def _renew_session(self) -> bool:
+        """Create or renew the session (``Liveness.SESSION``); True if it is live now.
+
+        A session found expired or replaced is never renewed: every stream it held is
+        lost (recovery may already have given its lock to someone else), and the next
+        call starts a new incarnation.
+        """
+        cfg = self.config
+        live = [o for o in self.owned.values() if not o.lost]
+        mode: Any = "create" if self.session_confirmed_at is None else "renew"
+        sent = time.monotonic()
+        try:
+            ok = await self.gateway.session(
+                mode, self.name, self._session_value, cfg.lock_ttl_ms, self._incarnation
+            )
+        except Exception as exc:
+            self.metrics.heartbeat(self.service, False)
+            log_failure(log, "renewing the consumer session", exc, 0.0)
+            for o in live:
+                o.heartbeat_failed()
+            return False
+        if not ok:
+            self.metrics.heartbeat(self.service, False)
+            log.warning(
+                "the session of consumer %r expired or was replaced (a stall past the "
+                "lock TTL?): its %d streams are lost; starting a new session",
+                self.name,
+                len(live),
+            )
+            self.session_confirmed_at = None
+            self._new_incarnation()
+            for o in live:
+                if not o.ending and self.owned.get(o.stream) is o:
+                    o.mark_lost()
+            return False
+        self.session_confirmed_at = sent
+        changed, self._session_changed = self._session_changed, anyio.Event()
+        changed.set()
+        self.metrics.heartbeat(self.service, True)
+        for o in live:
+            o.renew(sent)
+        return True
+
+    async def _wait_for_session(self) -> None:
+        """Intake under ``Liveness.SESSION`` takes nothing without a live session: a
+        lock naming a session that does not exist would be taken over at once."""
+        while self.session_mode and not self._session_live() and not self._draining:
+            with anyio.move_on_after(min(self.config.heartbeat_s, 1.0)):
+                await self._session_changed.wait()
+
+    async def _session_heartbeat_loop(self) -> None:
+        cfg = self.config
+        retry_s = min(cfg.heartbeat_s, 0.5)
+        delay = cfg.heartbeat_s
+        while True:
+            await anyio.sleep(delay)
+            if not await self._renew_session():
+                delay = retry_s
+                continue
+            delay = cfg.heartbeat_s
+            try:
+                await self._extend_due_locks()
+            except Exception as exc:
+                self.metrics.loop_error(self.service, "heartbeat")
+                log_failure(log, "extending locks", exc, 0.0)
+
+    async def _extend_due_locks(self) -> None:
+        """Under ``Liveness.SESSION``, extend the locks whose long TTL
+        (``session_lock_ttl_ms``) is a third gone: a few per heartbeat, not all."""
+        ttl_ms = self.lock_ttl_ms
+        now = time.monotonic()
+        due = [
+            o
+            for o in self.owned.values()
+            if not o.lost and o.acquired and now - o.lock_extended_at >= ttl_ms / 3000
+        ]
+        if not due:
+            return
+        results = await self.gateway.extend_many([(o.stream, o.token) for o in due], ttl_ms)
+        renewed = []
+        for o, extended in zip(due, results, strict=True):
+            if extended:
+                o.lock_extended_at = now
+                renewed.append(o.assignment.id)
+            elif extended is False and not o.ending and self.owned.get(o.stream) is o:
+                o.mark_lost()
+        await self.gateway.record_leases(renewed, ttl_ms, new=False)
+
     async def _heartbeat_loop(self) -> None:
+        if self.session_mode:
+            await self._session_heartbeat_loop()
+            return
         cfg = self.config
         retry_s = min(cfg.heartbeat_s, 0.5)
         delay = cfg.heartbeat_s

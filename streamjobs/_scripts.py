@@ -71,3 +71,4 @@ class Scripts:
         self.replay_assignment = client.register_script(source("replay_assignment"))
         self.replay_entry = client.register_script(source("replay_entry"))
         self.prune_names = client.register_script(source("prune_names"))
+        self.session = client.register_script(source("session"))

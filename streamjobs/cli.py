@@ -31,7 +31,7 @@ from . import _cli_ops as ops
 from ._http import HealthServer
 from ._redis import is_tls_failure, ping
 from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
-from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
+from .config import ClusterMode, ConsumerConfig, Liveness, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer, probes
 from .exceptions import ConfigurationError, InvalidStreamName, StreamJobsError
 from .prometheus import PrometheusRecorder
@@ -84,6 +84,7 @@ _CONSUMER_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("--max-attempts", "max_handler_attempts", int, "handler attempts per entry"),
     ("--grace", "shutdown_grace_s", float, "shutdown grace period, seconds"),
     ("--handler-timeout", "handler_timeout_s", float, "longest handle() call, seconds"),
+    ("--liveness", "liveness", Liveness, "lock or session (docs/design.md#liveness)"),
 )
 _RECOVERY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("--scan-interval", "interval_s", float, "reconciliation scan period, seconds"),

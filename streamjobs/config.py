@@ -36,6 +36,23 @@ class ClusterMode(enum.Enum):
     """One endpoint in front of many shards: no subscriptions, the scanner recovers."""
 
 
+class Liveness(enum.Enum):
+    """What keeps a consumer's streams its own (docs/design.md#liveness).
+
+    Fencing is the same either way: every read and ack checks the token in the
+    stream's lock. What differs is how a dead owner's lock stops being valid.
+    """
+
+    LOCK = "lock"
+    """Every owned lock has the lock TTL and every heartbeat extends each of them: a
+    dead owner's locks expire. Heartbeats cost O(owned streams)."""
+    SESSION = "session"
+    """Each lock names the consumer's session; the heartbeat renews only the session
+    key. A dead owner's session expires and recovery replaces its locks. Heartbeats
+    cost O(1); a lock is extended only every ``session_lock_ttl_s / 3`` (a bound on
+    leaked locks). For consumers holding hundreds or thousands of streams."""
+
+
 def _finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigurationError(name, f"must be a finite number, got {value!r}")
@@ -112,6 +129,9 @@ class ConsumerConfig:
             consumers in the group): four cheap reads. Only with a recorder other than
             the default; None turns it off.
         key_prefix: prefix of every key (docs/design.md#keys).
+        liveness: how an owner proves it is alive (:class:`Liveness`): ``LOCK`` (every
+            lock renewed every heartbeat) or ``SESSION`` (one session key renewed per
+            heartbeat; docs/design.md#liveness).
     """
 
     lock_ttl_s: float = 10.0
@@ -132,6 +152,7 @@ class ConsumerConfig:
     stream_idle_timeout_s: float | None = 3600.0
     sample_interval_s: float | None = 15.0
     key_prefix: str = DEFAULT_PREFIX
+    liveness: Liveness = Liveness.LOCK
 
     def __post_init__(self) -> None:
         _positive("lock_ttl_s", self.lock_ttl_s)
@@ -178,6 +199,10 @@ class ConsumerConfig:
             raise ConfigurationError(
                 "key_prefix", "must be non-empty, without braces or whitespace"
             )
+        if not isinstance(self.liveness, Liveness):
+            raise ConfigurationError(
+                "liveness", f"must be a streamjobs.Liveness, got {self.liveness!r}"
+            )
 
     @property
     def heartbeat_s(self) -> float:
@@ -196,6 +221,15 @@ class ConsumerConfig:
     @property
     def lock_ttl_ms(self) -> int:
         return max(1, round(self.lock_ttl_s * 1000))
+
+    @property
+    def session_lock_ttl_ms(self) -> int:
+        """TTL of a lock under ``Liveness.SESSION``: 60 lock TTLs, at least 10 minutes.
+
+        Liveness is the session's; this only bounds how long a lock can outlive an
+        owner that died between completing its assignment and releasing the lock.
+        """
+        return max(600_000, 60 * self.lock_ttl_ms)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -4,6 +4,8 @@
 -- ARGV[1]  lock token, unique to this acquisition
 -- ARGV[2]  lock TTL, milliseconds
 -- ARGV[3]  consumer group name
+-- ARGV[4]  a token to replace: a dead session's, which the caller read from this lock
+--          and found dead (docs/design.md#liveness); '' takes only a free lock
 -- Returns 1 if the lock was taken, 0 if someone else holds it.
 -- Idempotent: a client retry of a call whose reply was lost finds its own token, and
 -- refreshes the TTL, since the caller measures its local lease from the retry.
@@ -12,7 +14,12 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-if holder or not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if holder and (ARGV[4] == nil or ARGV[4] == '' or holder ~= ARGV[4]) then
+  return 0
+end
+if holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
 -- Group at id 0 with MKSTREAM: entries appended before the first owner must not be

@@ -38,7 +38,8 @@ import anyio.lowlevel
 
 from streamjobs._deadletter import DEAD_AT_FIELD, Pairs
 from streamjobs._keys import Keys
-from streamjobs._redis import Entry, LostAt, Pending, RawFields, ReadReply, text
+from streamjobs._redis import Entry, LostAt, Pending, RawFields, ReadReply, SessionMode, text
+from streamjobs._session import incarnation_of, parse_session_token
 from streamjobs._wire import (
     EOS_FIELD,
     EOS_VALUE,
@@ -57,6 +58,10 @@ StreamId = tuple[int, int]
 METHODS = frozenset(
     {
         "ensure_group",
+        "session",
+        "session_alive",
+        "lock_alive",
+        "sweep_sessions",
         "read_assignments",
         "fetch_assignment",
         "pending_page",
@@ -515,7 +520,9 @@ class FakeGateway:
         await self._leave("fetch_assignment")
         return out
 
-    async def pending_page(self, min_idle_ms: int, start: str, count: int) -> list[Pending]:
+    async def pending_page(
+        self, min_idle_ms: int, start: str, count: int, consumer: str | None = None
+    ) -> list[Pending]:
         await self._enter("pending_page", min_idle_ms, start, count)
         group = self._lbs.group
         if group is None:
@@ -532,9 +539,9 @@ class FakeGateway:
             sid = parse_id(entry_id)
             if sid < lowest or (sid == lowest and not inclusive):
                 continue
-            if now - d.at_ms < min_idle_ms:
+            if now - d.at_ms < min_idle_ms or consumer not in (None, d.consumer):
                 continue
-            out.append(Pending(id=entry_id, consumer=d.consumer))
+            out.append(Pending(id=entry_id, consumer=d.consumer, idle_ms=int(now - d.at_ms)))
             if len(out) >= count:
                 break
         await self._leave("pending_page")
@@ -669,12 +676,16 @@ class FakeGateway:
 
     # -- the protocol: locks and data streams ------------------------------------------
 
-    async def acquire(self, stream: str, token: str, ttl_ms: int) -> bool:
-        """acquire.lua: our token -> 1 (TTL refreshed); held -> 0; else lock + group at 0,
-        and the data stream's retention TTL cleared."""
+    async def acquire(self, stream: str, token: str, ttl_ms: int, replace: str = "") -> bool:
+        """acquire.lua: our token -> 1 (TTL refreshed); held -> 0 (unless it holds
+        ``replace``); else lock + group at 0, and the data stream's retention TTL
+        cleared."""
         await self._enter("acquire", stream, token, ttl_ms)
         key = self.keys.lock(stream)
         lock = self._live_lock(key)
+        if lock is not None and replace and lock.token == replace:
+            del self._locks[key]
+            lock = None
         if lock is not None:
             taken = lock.token == token
             if taken:
@@ -877,6 +888,43 @@ class FakeGateway:
         await self._enter("end_session", consumer)
         self.sessions.pop(consumer, None)
         await self._leave("end_session")
+
+    async def session(
+        self, mode: SessionMode, consumer: str, value: str, ttl_ms: int, incarnation: str
+    ) -> bool:
+        """session.lua, without expiry (the fake's sessions live until ended)."""
+        await self._enter("session", mode, consumer)
+        held = self.sessions.get(consumer)
+        ok = True
+        if mode == "create":
+            self.sessions[consumer] = value
+        elif mode == "forget":
+            ok = held is None or incarnation_of(held) != incarnation
+        elif held != value:
+            ok = False
+        elif mode == "end":
+            del self.sessions[consumer]
+        await self._leave("session")
+        return ok
+
+    async def session_alive(self, consumer: str, incarnation: str) -> bool:
+        await self._enter("session_alive", consumer)
+        alive = incarnation_of(self.sessions.get(consumer)) == incarnation
+        await self._leave("session_alive")
+        return alive
+
+    async def lock_alive(self, stream: str) -> bool:
+        holder = await self.lock_holder(stream)
+        if holder is None:
+            return False
+        parsed = parse_session_token(holder)
+        return parsed is None or await self.session_alive(parsed[1], parsed[0])
+
+    async def sweep_sessions(self, limit: int, recheck_ms: int) -> list[tuple[str, int]]:
+        """The fake keeps no session index: no session is ever due."""
+        await self._enter("sweep_sessions", limit, recheck_ms)
+        await self._leave("sweep_sessions")
+        return []
 
     async def unblock(self, client_id: int) -> bool:
         """CLIENT UNBLOCK: the fake has no blocked connections (no waiter runs on it)."""

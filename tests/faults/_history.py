@@ -10,6 +10,8 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 
+from streamjobs._operator import owner_of
+
 from .workers import log_key
 
 
@@ -42,7 +44,7 @@ def owners(
     for s in streams:
         token = r.get(f"{prefix}:lock:{{{s}}}")
         if token:
-            out[s] = token.decode().split(":")[0]
+            out[s] = owner_of(token.decode())
     return out
 
 

@@ -61,7 +61,9 @@ def recovery_time(records: list, victim: str, victim_streams: set[str], kill_ms:
     return float(min(after) - kill_ms) / 1000
 
 
+@pytest.mark.parametrize("liveness", ["lock", "session"])
 def test_kill_9_mid_handler(
+    liveness: str,
     server: RedisServer,
     sync: SyncRedis,
     service: str,
@@ -71,7 +73,8 @@ def test_kill_9_mid_handler(
     streams = [f"d:{uid}:{i}" for i in range(30)]
     # Each consumer takes at most 15 of the 30 streams: c0 starts first and fills up,
     # the other two share the rest and keep free slots for c0's streams.
-    fleet = worker_fleet_factory(server.url, TARGET, [*ARGS, "--concurrency", "15"])
+    args = [*ARGS, "--concurrency", "15", "--liveness", liveness]
+    fleet = worker_fleet_factory(server.url, TARGET, args)
     fleet.start("c0")
     # 50 entries of 60 ms: each stream takes 3 s, long enough for c1 and c2 to start
     # (a second or so each) while c0 still owns its streams.
@@ -115,7 +118,9 @@ def test_kill_9_mid_handler(
     assert_clean(sync, service, streams)
 
 
+@pytest.mark.parametrize("liveness", ["lock", "session"])
 def test_sigstop_past_ttl_then_sigcont(
+    liveness: str,
     server: RedisServer,
     sync: SyncRedis,
     service: str,
@@ -123,7 +128,7 @@ def test_sigstop_past_ttl_then_sigcont(
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     streams = [f"d:{uid}:{i}" for i in range(8)]
-    fleet = worker_fleet_factory(server.url, TARGET, ARGS)
+    fleet = worker_fleet_factory(server.url, TARGET, [*ARGS, "--liveness", liveness])
     stopped = fleet.start("c0")
     total = produce(sync, service, streams, 30, {"work_ms": 50})
     owned = wait_for(

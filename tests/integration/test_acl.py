@@ -4,6 +4,7 @@ reported at start-up, naming it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +20,7 @@ from streamjobs import (
     DeadLetter,
     DeadLetters,
     Inspector,
+    Liveness,
     Message,
     PermissionDenied,
     Producer,
@@ -103,8 +105,12 @@ async def denials(admin: AsyncRedis) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("user", "configure"),
-    [("streamjobs-consumer", True), ("streamjobs-consumer-handsoff", False)],
+    ("user", "configure", "liveness"),
+    [
+        ("streamjobs-consumer", True, Liveness.LOCK),
+        ("streamjobs-consumer-handsoff", False, Liveness.LOCK),
+        ("streamjobs-consumer", True, Liveness.SESSION),
+    ],
 )
 async def test_the_documented_users_run_everything_and_are_refused_nothing(
     admin: AsyncRedis,
@@ -112,6 +118,7 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
     service: str,
     user: str,
     configure: bool,
+    liveness: Liveness,
 ) -> None:
     consumer_client = await as_user(user, documented_acl(user))
     producer_client = await as_user("streamjobs-producer", documented_acl("streamjobs-producer"))
@@ -136,7 +143,8 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
         lease_check_interval_s=0.2,
         configure_keyspace_events=configure,
     )
-    consumer = Refusing(consumer_client, service=service, config=FAST, recovery=recovery)
+    config = dataclasses.replace(FAST, liveness=liveness)
+    consumer = Refusing(consumer_client, service=service, config=config, recovery=recovery)
     async with consumer:
 
         async def all_ended() -> bool:
