@@ -1,0 +1,1 @@
+"""The cancel example (README.md); a package so that mypy tells its modules apart."""
