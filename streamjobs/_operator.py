@@ -51,6 +51,22 @@ class StreamRow:
     last_delivered: str
 
 
+@dataclass(frozen=True, slots=True)
+class EntryReplay:
+    """What ``replay_entry.lua`` did with a batch of one data stream's dead entries."""
+
+    state: str
+    """``placed`` (in the stream, not all read yet), ``delivered`` (appended by an
+    earlier call and all read by the group), or ``busy`` (nothing written: the stream's
+    job is ending or being cancelled; try again once it has)."""
+    closed: bool
+    """An end marker the group has not read follows the entries: a job must be queued."""
+    owned: bool
+    """A consumer holds the stream's lock: its owner reads on to the entries."""
+    ids: list[str]
+    """The id of each dead letter's entry in the stream (empty when ``busy``)."""
+
+
 def _groups(reply: Any) -> list[dict[str, Any]]:
     """XINFO GROUPS as dicts with str keys, whether redis-py parsed it or not."""
     if isinstance(reply, BaseException) or not reply:
@@ -293,25 +309,41 @@ class OperatorGateway(Gateway):
         return None if r is None else text(r)
 
     @script
-    async def replay_entry(
+    async def replay_entries(
         self,
         stream: str,
-        dead_letter_id: str,
-        fields: Sequence[tuple[str, str]],
+        letters: Sequence[tuple[str, Sequence[tuple[str, str]]]],
         *,
         close: bool,
         marker_ttl_ms: int,
-    ) -> tuple[str, bool]:
-        """``replay_entry.lua``: (the appended entry's id, False if an earlier replay of
-        this dead letter had appended it)."""
+    ) -> EntryReplay:
+        """``replay_entry.lua``: put dead data entries of ``stream`` back on it, in the
+        order given, before any end marker the group has not read yet.
+
+        Args:
+            stream: the data stream (all of ``letters`` came from it).
+            letters: (dead letter id, its entry's fields), oldest first.
+            close: no job is queued for ``stream``: unless an owner holds its lock, an
+                end marker follows the entries (the caller then queues a job).
+            marker_ttl_ms: how long each dead letter's replay marker is kept.
+        """
         from ._wire import EOS_FIELD, EOS_VALUE
 
-        flat = raw([x for pair in fields for x in pair])
-        r = await self.scripts.replay_entry(
-            keys=[stream, self.keys.replayed(stream, dead_letter_id)],
-            args=[marker_ttl_ms, "1" if close else "0", EOS_FIELD, EOS_VALUE, *flat],
+        keys = [stream, self.keys.lock(stream), self.keys.cancel(stream)]
+        args: list[Any] = [
+            self.keys.group, marker_ttl_ms, "1" if close else "0", EOS_FIELD, EOS_VALUE,
+            self.max_copy_values,
+        ]  # fmt: skip
+        for dead_letter_id, fields in letters:
+            keys.append(self.keys.replayed(stream, dead_letter_id))
+            args += [2 * len(fields), *raw([x for pair in fields for x in pair])]
+        r = await self.scripts.replay_entry(keys=keys, args=args)
+        return EntryReplay(
+            state=text(r[0]),
+            closed=int(r[1]) == 1,
+            owned=int(r[2]) == 1,
+            ids=[text(i) for i in r[3:]],
         )
-        return text(r[0]), int(r[1]) == 1
 
     @script
     async def prune_names(self, stream: str, names: Sequence[str]) -> list[str]:

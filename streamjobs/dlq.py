@@ -8,12 +8,22 @@ way round:
 * a dead **assignment** goes back on the assignment stream with ``_retry_count``
   reset (and without ``_lost_at``); the add and the removal are one script, since
   both streams carry the service's hash tag;
-* a dead **data entry** is appended again to its data stream (at the tail: entries
-  written since come before it). A script in the stream's slot appends it and
-  records, for a day, which id it got, so a repeat (a second operator, or a retry
-  after a crash before the dead letter was removed) appends nothing. Then the dead
-  letter is removed. If the stream had finished, an end marker follows the entry and
-  the stream gets a new assignment, so a consumer handles it.
+* dead **data entries** are appended again to their data stream, in dead-letter order
+  (at the tail: entries written since come before them), all of one stream's in one
+  script call in the stream's slot (:file:`lua/replay_entry.lua`), which records for
+  a day which id each got, so a repeat (a second operator, or a retry after a crash
+  before the dead letter was removed) appends nothing. Then the dead letters are
+  removed. They always go before the end of the job that will read them:
+
+  - the stream had finished (no job queued, no lock): one end marker follows them and
+    the stream gets one new assignment;
+  - its newest entry is an end marker nobody has read yet (an earlier replay's, or a
+    producer's whose job has not got there): they go before it (the unread marker is
+    moved behind them), and the job queued or running for it hands them over;
+  - a job is running or queued and the stream is open: at the tail, as any entry;
+  - the job has read its end marker but not finished yet (or is being cancelled):
+    the replay waits for it (up to :data:`BUSY_WAIT_S`), else skips them, their dead
+    letters kept, to replay again.
 
 So a replay can be repeated safely, and a crash halfway leaves the dead letter in
 place, never lost.
@@ -23,20 +33,39 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
 
 from ._deadletter import DeadLetterReason, DeadLetterRecord, parse_dead_letter
 from ._keys import DEFAULT_PREFIX, Keys
 from ._operator import OperatorGateway
 from ._scripts import MAX_COPY_VALUES
-from ._wire import LOST_AT_FIELD, RETRY_FIELD, build_fields, parse_assignment, stream_name_of
+from ._wire import (
+    FIRST_ID_FIELD,
+    LOST_AT_FIELD,
+    RETRY_FIELD,
+    build_fields,
+    parse_assignment,
+    stream_name_of,
+)
 from .exceptions import ConfigurationError, InvalidAssignment, InvalidStreamName
 
 REPLAY_MARKER_TTL_MS = 86_400_000
 """How long a data entry's replay remembers the id it appended (one day)."""
 PAGE = 500
+REPLAY_BATCH = 100
+"""The most dead letters of one data stream one script call puts back."""
+REPLAY_BATCH_VALUES = 4 * MAX_COPY_VALUES
+"""The most field names and values one such call carries (one entry may have
+``MAX_COPY_VALUES``)."""
+BUSY_WAIT_S = 5.0
+"""How long a replay waits for a data stream whose job has read its end marker (or is
+being cancelled) to finish before skipping that stream's dead letters."""
 
 Progress = Callable[[int, int], None]
 """Called with (done, total) as a replay or purge goes."""
@@ -215,81 +244,171 @@ class DeadLetters:
     ) -> ReplayReport:
         """Put dead letters back and remove them (see the module's docstring).
 
+        Dead data entries of one stream are put back together, in dead-letter order,
+        when the first of them comes; dead assignments one by one.
+
         Args:
             ids_or_filter: dead-letter ids, or a :class:`DeadLetterFilter`.
             dry_run: only say what would be replayed (``new_id`` is '').
-            progress: called with (done, total) after each one.
+            progress: called with (done, total) as it goes.
 
         Raises:
             ConfigurationError: a bad filter value, naming it.
         """
         records, skipped = await self._resolve(ids_or_filter)
-        report = ReplayReport(skipped=skipped, dry_run=dry_run)
-        for done, record in enumerate(records, 1):
+        outcome: dict[str, Replayed | str] = {}
+        streams: dict[str, builtins.list[DeadLetterRecord]] = {}
+        for record in records:
+            if record.is_assignment:
+                continue
             try:
-                result = await self._replay_one(record, dry_run)
-            except (InvalidAssignment, InvalidStreamName, _CannotReplay) as exc:
-                report.skipped.append((record.id, str(exc)))
+                stream = self._check_entry(record)
+            except (InvalidStreamName, _CannotReplay) as exc:
+                outcome[record.id] = str(exc)
             else:
-                if result is None:
-                    report.skipped.append((record.id, "already replayed or purged"))
+                streams.setdefault(stream, []).append(record)
+        done = 0
+        for record in records:
+            if record.id in outcome:
+                pass
+            elif record.is_assignment:
+                try:
+                    result = await self._replay_assignment(record, dry_run)
+                except (InvalidAssignment, InvalidStreamName, _CannotReplay) as exc:
+                    outcome[record.id] = str(exc)
                 else:
-                    report.replayed.append(result)
-            if progress is not None:
+                    outcome[record.id] = result or "already replayed or purged"
+            else:
+                stream = record.source_stream
+                outcome.update(await self._replay_entries(stream, streams.pop(stream), dry_run))
+            if progress is not None and len(outcome) > done:
+                done = len(outcome)
                 progress(done, len(records))
+        report = ReplayReport(skipped=skipped, dry_run=dry_run)
+        for record in records:
+            done_or_why = outcome[record.id]
+            if isinstance(done_or_why, Replayed):
+                report.replayed.append(done_or_why)
+            else:
+                report.skipped.append((record.id, done_or_why))
         return report
 
-    async def _replay_one(self, record: DeadLetterRecord, dry_run: bool) -> Replayed | None:
+    async def _replay_assignment(self, record: DeadLetterRecord, dry_run: bool) -> Replayed | None:
         gw, keys = self._gw, self._keys
         fields = dict(record.fields)
-        if record.is_assignment:
-            fields.pop(RETRY_FIELD, None)
-            fields.pop(LOST_AT_FIELD, None)
-            try:
-                stream = parse_assignment(record.id, fields, keys).stream
-            except InvalidAssignment:
-                stream = stream_name_of(fields)  # unparseable: back as it was, unindexed
-            if 2 * len(fields) > MAX_COPY_VALUES:
-                raise _CannotReplay(f"{len(fields)} fields: too many for one script call")
-            if dry_run:
-                return Replayed(record.id, "", keys.assignments)
-            new_id = await gw.replay_assignment(record.id, stream, list(fields.items()))
-            if new_id is None:
-                return None
-            if stream:
-                await gw.clear_retention(stream)
-            return Replayed(record.id, new_id, keys.assignments)
+        fields.pop(RETRY_FIELD, None)
+        fields.pop(LOST_AT_FIELD, None)
+        try:
+            stream = parse_assignment(record.id, fields, keys).stream
+        except InvalidAssignment:
+            stream = stream_name_of(fields)  # unparseable: back as it was, unindexed
+        if 2 * len(fields) > MAX_COPY_VALUES:
+            raise _CannotReplay(f"{len(fields)} fields: too many for one script call")
+        if dry_run:
+            return Replayed(record.id, "", keys.assignments)
+        new_id = await gw.replay_assignment(record.id, stream, list(fields.items()))
+        if new_id is None:
+            return None
+        if stream:
+            await gw.clear_retention(stream)
+        return Replayed(record.id, new_id, keys.assignments)
+
+    def _check_entry(self, record: DeadLetterRecord) -> str:
+        """The data stream a dead data entry goes back to.
+
+        Raises:
+            InvalidStreamName, _CannotReplay: it cannot be put back.
+        """
         stream = record.source_stream
         if not stream:
             raise _CannotReplay("it names no source stream")
-        keys.check_data_stream(stream)
-        if not fields:
+        self._keys.check_data_stream(stream)
+        if not record.fields:
             raise _CannotReplay("it carries no fields")
-        if 2 * len(fields) > MAX_COPY_VALUES:
-            raise _CannotReplay(f"{len(fields)} fields: too many for one script call")
-        unfinished = await gw.active_id(stream) is not None or await gw.lock_exists(stream)
-        if dry_run:
-            return Replayed(record.id, "", stream, reassigned=not unfinished)
-        new_id, appended = await gw.replay_entry(
-            stream,
-            record.id,
-            list(fields.items()),
-            close=not unfinished,
-            marker_ttl_ms=REPLAY_MARKER_TTL_MS,
-        )
-        reassign = not unfinished and (appended or not await self._delivered(stream, new_id))
-        if reassign:
-            await gw.add_assignment(stream, build_fields(stream, {}))
-            await gw.clear_retention(stream)
-        await gw.delete_dead_letters([record.id])
-        return Replayed(record.id, new_id, stream, reassigned=reassign)
+        if 2 * len(record.fields) > MAX_COPY_VALUES:
+            raise _CannotReplay(f"{len(record.fields)} fields: too many for one script call")
+        return stream
 
-    async def _delivered(self, stream: str, entry_id: str) -> bool:
-        """Whether the group has read past ``entry_id`` (an earlier replay's job ran)."""
-        row = (await self._gw.stream_rows([stream]))[0]
-        if not row.last_delivered:
+    async def _replay_entries(
+        self, stream: str, records: builtins.list[DeadLetterRecord], dry_run: bool
+    ) -> dict[str, Replayed | str]:
+        """Put dead data entries of ``stream`` back, in order, batch by batch; each
+        batch's dead letters are removed once it is in place. A batch that cannot be
+        placed now (see :meth:`_place`) and the ones after it are skipped."""
+        if dry_run:
+            unfinished = await self._job_queued(stream) or await self._gw.lock_exists(stream)
+            return {r.id: Replayed(r.id, "", stream, reassigned=not unfinished) for r in records}
+        out: dict[str, Replayed | str] = {}
+        reassigned = False
+        for batch in _batches(records):
+            try:
+                ids, created = await self._place(stream, batch)
+            except _Busy as exc:
+                out.update({r.id: str(exc) for r in records if r.id not in out})
+                break
+            await self._gw.delete_dead_letters([r.id for r in batch])
+            reassigned = reassigned or created
+            for record, new_id in zip(batch, ids, strict=True):
+                out[record.id] = Replayed(record.id, new_id, stream, reassigned=reassigned)
+        return out
+
+    async def _place(
+        self, stream: str, batch: builtins.list[DeadLetterRecord]
+    ) -> tuple[builtins.list[str], bool]:
+        """Put one batch of ``stream``'s dead entries back where a job hands them to
+        ``handle()``: (their ids in the stream, whether a new job was queued for them).
+
+        ``replay_entry.lua`` places them from what the stream's group has read; what it
+        cannot see (the assignment index is in another slot) is read here, before
+        (whether a job is queued) and after (whether a job still is, if it left them
+        at an open tail with no owner).
+
+        Raises:
+            _Busy: the stream's job stayed past its end marker for :data:`BUSY_WAIT_S`.
+        """
+        gw = self._gw
+        letters = [(r.id, list(r.fields.items())) for r in batch]
+        deadline = time.monotonic() + BUSY_WAIT_S
+        delay = 0.02
+        close = not await self._job_queued(stream)
+        while True:
+            put = await gw.replay_entries(
+                stream, letters, close=close, marker_ttl_ms=REPLAY_MARKER_TTL_MS
+            )
+            if put.state == "delivered" or (put.state == "placed" and put.owned):
+                return put.ids, False  # read already, or the owner reads on to them
+            if put.state == "placed" and put.closed:
+                # An unread end marker follows them: the queued job (if any) reads them,
+                # else a new one. Its _first_id is theirs, so a job queued just after
+                # another read them finds their end marker and completes at once.
+                fields = {**build_fields(stream, {}), FIRST_ID_FIELD: put.ids[0]}
+                _, created = await gw.add_assignment(stream, fields)
+                if created:
+                    await gw.clear_retention(stream)
+                return put.ids, created
+            if put.state == "placed":
+                # At an open tail, no owner: the job queued when we looked reads them,
+                # unless it finished meanwhile. Then they need an end marker and a job.
+                if close or await self._job_queued(stream) or await gw.lock_exists(stream):
+                    return put.ids, False
+                close = True
+                continue
+            if time.monotonic() + delay > deadline:  # busy
+                raise _Busy(
+                    f"its stream {stream!r} is ending (its job read its end marker or is "
+                    "being cancelled, and has not finished): replay it again later"
+                )
+            await anyio.sleep(delay)
+            delay = min(2 * delay, 0.5)
+            close = not await self._job_queued(stream)
+
+    async def _job_queued(self, stream: str) -> bool:
+        """Whether the active-assignment index names an assignment of ``stream`` that
+        still exists (what ``add_stream`` would deduplicate to)."""
+        active = await self._gw.active_id(stream)
+        if active is None or not _ID.fullmatch(active):
             return False
-        return _order(row.last_delivered) >= _order(entry_id)
+        return (await self._gw.assignment_fields([active]))[0] is not None
 
     async def purge(
         self,
@@ -322,9 +441,28 @@ class _CannotReplay(Exception):
     pass
 
 
-def _order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+class _Busy(Exception):
+    pass
+
+
+_ID = re.compile(r"[0-9]+-[0-9]+")
+
+
+def _batches(
+    records: builtins.list[DeadLetterRecord],
+) -> builtins.list[builtins.list[DeadLetterRecord]]:
+    """``records`` in order, cut into script calls of at most :data:`REPLAY_BATCH`
+    dead letters and :data:`REPLAY_BATCH_VALUES` values."""
+    out: builtins.list[builtins.list[DeadLetterRecord]] = []
+    values = 0
+    for record in records:
+        size = 2 * len(record.fields)
+        if not out or len(out[-1]) >= REPLAY_BATCH or values + size > REPLAY_BATCH_VALUES:
+            out.append([])
+            values = 0
+        out[-1].append(record)
+        values += size
+    return out
 
 
 def _check_id(entry_id: str) -> None:

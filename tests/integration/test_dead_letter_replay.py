@@ -4,10 +4,12 @@ halfway), and purge by filter, through the API and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +151,11 @@ async def test_a_replay_interrupted_halfway_appends_once(
     [letter] = await letters.list()
     # A replay that appended the entry and died before removing the dead letter.
     gw = OperatorGateway(redis, Keys(service))
-    first, appended = await gw.replay_entry(
-        stream, letter.id, list(letter.fields.items()), close=False, marker_ttl_ms=60_000
+    put = await gw.replay_entries(
+        stream, [(letter.id, list(letter.fields.items()))], close=False, marker_ttl_ms=60_000
     )
-    assert appended
+    assert put.state == "placed"
+    [first] = put.ids
     report = await letters.replay([letter.id])
     assert [r.new_id for r in report.replayed] == [first]
     assert await letters.length() == 0
@@ -265,3 +268,320 @@ async def test_purge_by_filter_through_the_cli(
     assert "purging" in done.stderr, "a progress bar for 250 dead letters"
     left = await letters.list()
     assert [r.reason for r in left] == [DeadLetterReason.UNPARSEABLE] * 3
+
+
+# -- several dead letters of one stream (docs/operations.md#dead-letters) ---------------
+
+
+class RefusesBad(Recorder):
+    """Refuses every entry whose n starts with 'bad' while ``refusing`` is set."""
+
+    refusing = True
+
+    async def handle(self, message: Message) -> None:
+        if self.refusing and message.fields.get("n", "").startswith("bad"):
+            raise ValueError("not today")
+        await super().handle(message)
+
+
+def retained(ttl_s: float | None) -> ConsumerConfig:
+    return ConsumerConfig(max_handler_attempts=1, read_block_ms=100, finished_stream_ttl_s=ttl_s)
+
+
+async def finished_with_dead_letters(
+    redis: Any, service: str, stream: str, count: int, factory: ConsumerFactory, ttl_s: float | None
+) -> list[str]:
+    """Run ``stream`` (ok, bad0, ..., bad<count-1>, end) to its end with a consumer that
+    dead-letters every bad entry; returns the dead letters' ids, oldest first."""
+    producer = Producer(redis, service=service)
+    letters = DeadLetters(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "ok"})
+    for i in range(count):
+        await producer.append(stream, {"n": f"bad{i}"})
+    await producer.close_stream(stream)
+    first = factory(RefusesBad, config=retained(ttl_s))
+    async with first:
+
+        async def finished() -> bool:
+            return first.ended == [stream] and await letters.length() == count
+
+        await eventually(finished)
+    assert [h[3] for h in first.handled] == ["ok"]
+    records = await letters.list(source_stream=stream)
+    assert [r.fields["n"] for r in records] == [f"bad{i}" for i in range(count)]
+    return [r.id for r in records]
+
+
+async def assert_finished(redis: Any, service: str, stream: str, ttl_s: float | None) -> None:
+    """Everything handled and acked, no assignment, no dead letter left."""
+    keys = Keys(service)
+    await assert_clean(redis, service, stream)
+    assert not await redis.hexists(keys.active, stream)
+    assert await DeadLetters(redis, service=service).length() == 0
+    if ttl_s == 0:
+        assert not await redis.exists(stream), "deleted at the end of its (last) job"
+    else:
+        status = await Inspector(redis, service=service).stream_status(stream)
+        assert status.state is StreamState.FINISHED, status
+
+
+async def run_to_the_end(
+    factory: ConsumerFactory, stream: str, expected: list[str], ttl_s: float | None
+) -> Recorder:
+    consumer = factory(Recorder, config=retained(ttl_s))
+    async with consumer:
+
+        async def done() -> bool:
+            return [h[3] for h in consumer.handled] == expected and bool(consumer.ended)
+
+        await eventually(done)
+        await anyio.sleep(0.3)  # nothing more comes
+    assert [h[3] for h in consumer.handled] == expected, "each once, in dead-letter order"
+    return consumer
+
+
+@pytest.mark.parametrize("ttl_s", [0, None])
+@pytest.mark.parametrize("count", [2, 3])
+async def test_several_dead_letters_of_a_finished_stream_in_one_call(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory, count: int,
+    ttl_s: float | None,
+) -> None:  # fmt: skip
+    stream = f"several:{uid}"
+    ids = await finished_with_dead_letters(redis, service, stream, count, consumer_factory, ttl_s)
+    letters = DeadLetters(redis, service=service)
+    dry = await letters.replay(DeadLetterFilter(source_stream=stream), dry_run=True)
+    assert [(r.dead_letter_id, r.reassigned) for r in dry.replayed] == [(i, True) for i in ids]
+    report = await letters.replay(DeadLetterFilter(source_stream=stream))
+    assert report.skipped == []
+    assert [r.dead_letter_id for r in report.replayed] == ids
+    assert all(r.reassigned and r.target == stream for r in report.replayed)
+    entries = await redis.xrange(stream)
+    tail = [(f.get(b"n"), f.get(b"_eos")) for _, f in entries[-(count + 1) :]]
+    assert tail == [*((f"bad{i}".encode(), None) for i in range(count)), (None, b"1")]
+    assert [r.new_id.encode() for r in report.replayed] == [
+        e[0] for e in entries[-(count + 1) : -1]
+    ]
+    assert await redis.xlen(Keys(service).assignments) == 1, "one new job for all of them"
+    again = await letters.replay(ids)
+    assert again.replayed == []
+    assert len(again.skipped) == count
+    consumer = await run_to_the_end(
+        consumer_factory, stream, [f"bad{i}" for i in range(count)], ttl_s
+    )
+    assert consumer.ended == [stream], "one job"
+    await assert_finished(redis, service, stream, ttl_s)
+    # A retry of the batch (as after a crash before its dead letters were removed)
+    # finds them read and appends nothing.
+    length = await redis.xlen(stream)
+    late = await OperatorGateway(redis, Keys(service)).replay_entries(
+        stream, [(i, [("n", "x")]) for i in ids], close=True, marker_ttl_ms=60_000
+    )
+    assert late.state == "delivered"
+    assert late.ids == [r.new_id for r in report.replayed]
+    assert await redis.xlen(stream) == length
+
+
+@pytest.mark.parametrize("ttl_s", [0, None])
+@pytest.mark.parametrize("count", [2, 3])
+async def test_dead_letters_of_a_finished_stream_replayed_one_call_each(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory, count: int,
+    ttl_s: float | None,
+) -> None:  # fmt: skip
+    stream = f"separate:{uid}"
+    ids = await finished_with_dead_letters(redis, service, stream, count, consumer_factory, ttl_s)
+    letters = DeadLetters(redis, service=service)
+    reports = [await letters.replay([i]) for i in ids]
+    assert [len(r.replayed) for r in reports] == [1] * count
+    # The first starts a new job; the next ones join it, before its end marker.
+    assert [r.replayed[0].reassigned for r in reports] == [True] + [False] * (count - 1)
+    fields = [f for _, f in await redis.xrange(stream)]
+    assert [f.get(b"n") for f in fields[-(count + 1) : -1]] == [
+        f"bad{i}".encode() for i in range(count)
+    ]
+    assert fields[-1] == {b"_eos": b"1"}
+    assert sum(1 for f in fields if b"_eos" in f) == (2 if ttl_s is None else 1)
+    assert await redis.xlen(Keys(service).assignments) == 1
+    consumer = await run_to_the_end(
+        consumer_factory, stream, [f"bad{i}" for i in range(count)], ttl_s
+    )
+    assert consumer.ended == [stream], "one job"
+    await assert_finished(redis, service, stream, ttl_s)
+
+
+@pytest.mark.parametrize("pause_s", [0.0, 0.05, 0.2, "handled"])
+@pytest.mark.parametrize("ttl_s", [0, None])
+async def test_separate_replays_while_a_consumer_runs(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
+    ttl_s: float | None, pause_s: float | str,
+) -> None:  # fmt: skip
+    stream = f"running:{uid}"
+    count = 3
+    ids = await finished_with_dead_letters(redis, service, stream, count, consumer_factory, ttl_s)
+    letters = DeadLetters(redis, service=service)
+    consumer = consumer_factory(Recorder, config=retained(ttl_s))
+    expected = [f"bad{i}" for i in range(count)]
+    async with consumer:
+        for n, dead_letter_id in enumerate(ids):
+            report = await letters.replay([dead_letter_id])
+            assert [r.dead_letter_id for r in report.replayed] == [dead_letter_id], report
+            if pause_s == "handled":  # the job it started (or joined) may be ending now
+
+                async def handled(n: int = n) -> bool:
+                    return len(consumer.handled) == n + 1
+
+                await eventually(handled)
+            else:
+                assert isinstance(pause_s, float)
+                await anyio.sleep(pause_s)
+
+        async def done() -> bool:
+            return [h[3] for h in consumer.handled] == expected and (
+                not await redis.exists(Keys(service).lock(stream))
+                and await redis.xlen(Keys(service).assignments) == 0
+            )
+
+        await eventually(done)
+        await anyio.sleep(0.3)
+    assert [h[3] for h in consumer.handled] == expected, "each once, in dead-letter order"
+    assert consumer.ended
+    assert set(consumer.ended) == {stream}
+    await assert_finished(redis, service, stream, ttl_s)
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+async def test_a_replay_into_a_running_stream_closed_by_its_producer(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory, batch: int
+) -> None:
+    """The producer's end marker is written and the owner is busy before it. Not read
+    yet (batches of 1): the entry goes before it, the same job hands it over. Read
+    with the batch: the replay waits for that job to end, then starts a new one."""
+    producer = Producer(redis, service=service)
+    letters = DeadLetters(redis, service=service)
+    stream = f"closing:{uid}"
+    release = anyio.Event()
+
+    class Slow(RefusesBad):
+        async def handle(self, message: Message) -> None:
+            if message.fields.get("n") == "slow":
+                await release.wait()
+            await super().handle(message)
+
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "bad"})
+    await producer.append(stream, {"n": "slow"})
+    await producer.close_stream(stream)
+    config = dataclasses.replace(retained(None), read_batch_size=batch)
+    consumer = consumer_factory(Slow, config=config)
+    async with consumer:
+
+        async def dead() -> bool:
+            return await letters.length() == 1
+
+        await eventually(dead)
+        consumer.refusing = False
+        async with anyio.create_task_group() as tg:
+            if batch > 1:
+                tg.start_soon(later, 0.5, release.set)
+            report = await letters.replay(DeadLetterFilter(source_stream=stream))
+        assert [r.reassigned for r in report.replayed] == [batch > 1]
+        fields = [f for _, f in await redis.xrange(stream)]
+        assert fields[-2:] == [{b"n": b"bad"}, {b"_eos": b"1"}]
+        assert sum(1 for f in fields if b"_eos" in f) == (1 if batch == 1 else 2)
+        release.set()
+
+        async def ended() -> bool:
+            return consumer.ended == [stream] * (1 if batch == 1 else 2)
+
+        await eventually(ended)
+    assert [h[3] for h in consumer.handled] == ["slow", "bad"]
+    await assert_finished(redis, service, stream, None)
+
+
+async def later(delay_s: float, action: Callable[[], Any]) -> None:
+    await anyio.sleep(delay_s)
+    action()
+
+
+@pytest.mark.parametrize("why", ["lock", "pending", "cancel"])
+async def test_a_replay_waits_for_a_job_past_its_end_marker(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch, why: str,
+) -> None:  # fmt: skip
+    """The job that read the stream's end marker has not finished (its owner holds the
+    lock, or it is still pending: the owner died and recovery will complete it), or
+    the stream is being cancelled: an entry appended now would come after that job's
+    end. The replay waits, then skips it with its dead letter kept."""
+    import streamjobs.dlq
+
+    keys = Keys(service)
+    stream = f"ending:{uid}"
+    [dead_letter_id] = await finished_with_dead_letters(
+        redis, service, stream, 1, consumer_factory, None
+    )
+    [(marker, _)] = await redis.xrevrange(stream, count=1)
+    if why == "lock":
+        await redis.set(keys.lock(stream), "gone:0123456789abcdef")
+    elif why == "cancel":
+        await redis.set(keys.cancel(stream), "stop")
+    else:  # as if the owner had read the marker and died before acking it
+        await redis.xgroup_setid(stream, service, "0")
+        await redis.xreadgroup(service, "ghost", {stream: ">"})
+        await redis.xack(stream, service, *[e for e, _ in await redis.xrange(stream)][:-1])
+    length = await redis.xlen(stream)
+    letters = DeadLetters(redis, service=service)
+    monkeypatch.setattr(streamjobs.dlq, "BUSY_WAIT_S", 0.3)
+    report = await letters.replay([dead_letter_id])
+    assert report.replayed == []
+    [(skipped, why_skipped)] = report.skipped
+    assert skipped == dead_letter_id
+    assert "ending" in why_skipped
+    assert await letters.length() == 1, "kept"
+    assert await redis.xlen(stream) == length, "nothing written"
+    assert await redis.xlen(keys.assignments) == 0
+
+    async def that_job_finishes() -> None:
+        await anyio.sleep(0.5)
+        if why == "lock":
+            await redis.delete(keys.lock(stream))
+        elif why == "cancel":
+            await redis.delete(keys.cancel(stream))
+        else:
+            await redis.xack(stream, service, marker)
+
+    monkeypatch.setattr(streamjobs.dlq, "BUSY_WAIT_S", 10.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(that_job_finishes)
+        report = await letters.replay([dead_letter_id])
+    assert [r.reassigned for r in report.replayed] == [True], report
+    fields = [f for _, f in await redis.xrange(stream)]
+    assert fields[-2:] == [{b"n": b"bad0"}, {b"_eos": b"1"}], "after that job's end"
+    await run_to_the_end(consumer_factory, stream, ["bad0"], None)
+    await assert_finished(redis, service, stream, None)
+
+
+async def test_a_queued_job_that_finishes_before_the_append_is_noticed(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The replay saw a job queued, which finished before its script ran: the entry
+    went to the open tail with no end marker and nobody to read it. The replay sees
+    the job gone afterwards, ends the entries with a marker and queues a job."""
+    stream = f"stale:{uid}"
+    ids = await finished_with_dead_letters(redis, service, stream, 2, consumer_factory, 0)
+    letters = DeadLetters(redis, service=service)
+    looks: list[bool] = []
+    real = letters._job_queued
+
+    async def stale(name: str) -> bool:
+        looks.append(await real(name))
+        return len(looks) == 1 or looks[-1]  # the first look still saw the job
+
+    monkeypatch.setattr(letters, "_job_queued", stale)
+    report = await letters.replay(ids)
+    assert looks == [False, False], "looked before and after"
+    assert [r.reassigned for r in report.replayed] == [True, True]
+    fields = [f for _, f in await redis.xrange(stream)]
+    assert fields == [{b"n": b"bad0"}, {b"n": b"bad1"}, {b"_eos": b"1"}]
+    await run_to_the_end(consumer_factory, stream, ["bad0", "bad1"], 0)
+    await assert_finished(redis, service, stream, 0)
