@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+_shared = random.Random()
+
 
 class Backoff:
     """Delay ``U(c/2, c)``, ``c = min(cap_s, base_s * 2**n)``, after the n-th failure in a row."""
@@ -12,12 +14,14 @@ class Backoff:
         self._base = base_s
         self._cap = cap_s
         self._n = 0
-        self._rng = rng or random.Random()
+        # The module's shared generator unless one is given: a Random of its own costs
+        # 2.5 KiB, and every owned stream holds a Backoff.
+        self._rng: random.Random | None = rng
 
     def next_delay(self) -> float:
         ceiling = min(self._cap, self._base * (2 ** min(self._n, 30)))
         self._n += 1
-        return self._rng.uniform(ceiling / 2, ceiling)
+        return (self._rng or _shared).uniform(ceiling / 2, ceiling)
 
     def reset(self) -> None:
         self._n = 0

@@ -220,7 +220,9 @@ class OwnedStream:
         self.stale = False  # the assignment was no longer ours when we came to it
         self.handling = False  # in a batch of handle() calls (statistics)
         self.cancel_reason: str | None = None  # Producer.cancel_stream's reason
-        self._changed = anyio.Event()
+        # Created only when someone waits on this stream's state: an idle stream
+        # holds none (an event and its deque cost about 1 KiB, per stream).
+        self._changed: anyio.Event | None = None
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
         self.log = logging.LoggerAdapter(log, self.log_extra())
@@ -304,8 +306,15 @@ class OwnedStream:
 
     def _notify(self) -> None:
         """Wake every waiter on this stream's state (lease, lost, shutdown)."""
-        self._changed.set()
-        self._changed = anyio.Event()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def _state_changed(self) -> anyio.Event:
+        """The event the next ``_notify`` sets."""
+        if self._changed is None:
+            self._changed = anyio.Event()
+        return self._changed
 
     def _stopping(self) -> bool:
         return self.lost or self.host.draining
@@ -587,8 +596,10 @@ class OwnedStream:
                     await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
                 else:
                     fallback_s = host.config.read_block_ms / 1000
-                    timeout_s = min(longest_s, waiter.idle_timeout_s(fallback_s))
-                    await waiter.wait(self.stream, top, timeout_s)
+                    timeout_s = min(longest_s, waiter.idle_timeout_s(self.stream, fallback_s))
+                    # This scope's deadline, not one more scope per idle stream.
+                    self._wait_scope.deadline = anyio.current_time() + timeout_s
+                    await waiter.wait(self.stream, top, math.inf)
             except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = Backoff().next_delay()
@@ -600,7 +611,7 @@ class OwnedStream:
         """Sleep ``delay_s`` unless the stream is lost or shutdown starts; True if it slept."""
         deadline = time.monotonic() + delay_s
         while True:
-            changed = self._changed
+            changed = self._state_changed()
             if self._stopping():
                 return False
             remaining = deadline - time.monotonic()
@@ -619,7 +630,7 @@ class OwnedStream:
         at the next heartbeat.
         """
         while True:
-            changed = self._changed
+            changed = self._state_changed()
             if self._stopping():
                 return False
             now = time.monotonic()

@@ -28,7 +28,7 @@ import functools
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar
 
 import anyio
@@ -322,7 +322,7 @@ class Pending:
 
     id: str
     consumer: str
-    idle_ms: int = 0
+    idle_ms: int = field(default=0, compare=False)
 
 
 class StreamGateway(Protocol):

@@ -123,6 +123,7 @@ class Runtime:
                 block_ms=config.read_block_ms,
                 metrics=self.metrics,
                 service=self.service,
+                streams=config.max_concurrent_streams,
             )
             if cluster_mode is ClusterMode.NONE and client is not None
             else None

@@ -1,13 +1,15 @@
-"""Idle waiting, multiplexed: one blocking read for all idle streams of a consumer.
+"""Idle waiting, multiplexed: a few blocking reads for all idle streams of a consumer.
 
 On a standalone server (``ClusterMode.NONE``) a stream that has nothing to read does
-not block a connection of its own. It registers here, and one background task holds
-a single ``XREAD BLOCK`` over every registered stream (``COUNT 1``, after the last id
-each stream has seen) on one dedicated connection; when it returns, the streams that
-got entries are woken and run their own fenced reads. A stream that registers while
-that read is blocked ends it early with ``CLIENT UNBLOCK`` from another connection,
-so the next read includes it. Connections per consumer no longer grow with its idle
-streams (docs/design.md#ownership).
+not block a connection of its own. It registers here, with one of a few shards (one
+per ``SHARD_STREAMS`` streams the consumer may own, at most ``MAX_SHARDS``), and each
+shard's background task holds a single ``XREAD BLOCK`` over its registered streams
+(``COUNT 1``, after the last id each stream has seen) on one dedicated connection;
+when it returns, the streams that got entries are woken and run their own fenced
+reads. A stream that registers while its shard's read is blocked ends it early with
+``CLIENT UNBLOCK`` from another connection, so the next read includes it.
+Connections per consumer grow with the shards, not with its idle streams
+(docs/design.md#ownership).
 
 Correctness never depends on this task: a waiting stream wakes up by itself after
 its timeout and reads again, so a broken waiter costs latency, not entries. While
@@ -18,7 +20,10 @@ fall back to ``read_block_ms``.
 from __future__ import annotations
 
 import logging
+import math
+import random
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +36,18 @@ from .metrics import MetricsRecorder
 
 log = logging.getLogger(__name__)
 
-IDLE_RECHECK_S = 30.0
-"""How often an idle stream reads again by itself while the waiter works (a safety
-net: a wake-up can only be missed if the waiter lost its connection)."""
+IDLE_RECHECK_S = 300.0
+"""How often, at most, an idle stream reads again by itself while the waiter works:
+after a uniformly random ``0.5`` to ``1`` times this, so that thousands of streams
+acquired together do not re-read together. It is a safety net only: the waiter reads
+from each stream's last-delivered id, so an entry appended while its connection was
+down is still returned by the next read. At 10,000 idle streams it costs about 350
+commands/s (a fenced read is 8 commands); see benchmarks/README.md, idle cost."""
+
+SHARD_STREAMS = 1250
+"""Idle streams per blocking read, about (see :class:`Waiter`)."""
+MAX_SHARDS = 16
+"""The most blocking reads (connections) one consumer holds for idle streams."""
 
 _UNBLOCK_DEBOUNCE_S = 0.002
 """Registrations arriving together are added to the next read with one unblock."""
@@ -45,8 +59,8 @@ class _Wait:
     woken: anyio.Event = field(default_factory=anyio.Event)
 
 
-class Waiter:
-    """The multiplexed idle wait of one consumer (standalone servers).
+class _Shard:
+    """One blocking read over the idle streams that hash to it.
 
     Args:
         client: the user's ``redis.asyncio.Redis``; one of its pool's connections is
@@ -90,15 +104,14 @@ class Waiter:
         self._generation += 1
         self._nudge()
         try:
-            with anyio.move_on_after(timeout_s):
+            if math.isinf(timeout_s):  # the caller's own scope bounds the wait
                 await entry.woken.wait()
+            else:
+                with anyio.move_on_after(timeout_s):
+                    await entry.woken.wait()
         finally:
             if self._waiting.get(stream) is entry:
                 del self._waiting[stream]
-
-    def idle_timeout_s(self, fallback_s: float) -> float:
-        """How long a stream may wait here before reading again by itself."""
-        return IDLE_RECHECK_S if self.healthy else fallback_s
 
     def _nudge(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -161,3 +174,62 @@ class Waiter:
                     log.debug("CLIENT UNBLOCK failed (%s): the read ends by itself", exc)
                     break
                 await anyio.sleep(0.001)  # the read is still on its way to the server
+
+
+class Waiter:
+    """The multiplexed idle wait of one consumer (standalone servers).
+
+    Idle streams are spread over ``shards`` blocking reads (one connection each) by a
+    hash of their names. Every registration re-sends the names of its shard's waiting
+    streams, so a shard holds at most about ``SHARD_STREAMS`` of them: at 10,000 idle
+    streams a wake-up re-sends 1,250 names, not 10,000 (benchmarks/README.md, idle
+    cost).
+
+    Args:
+        client: the user's ``redis.asyncio.Redis``; one of its pool's connections is
+            held per shard for the blocking read.
+        gateway: for ``CLIENT UNBLOCK``.
+        block_ms: longest single blocking read.
+        streams: the most streams that may wait at once (``max_concurrent_streams``):
+            sizes the number of shards.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        gateway: StreamGateway,
+        *,
+        block_ms: int,
+        metrics: MetricsRecorder,
+        service: str,
+        streams: int = 1,
+    ) -> None:
+        count = min(MAX_SHARDS, max(1, -(-streams // SHARD_STREAMS)))
+        self._shards = [
+            _Shard(client, gateway, block_ms=block_ms, metrics=metrics, service=service)
+            for _ in range(count)
+        ]
+
+    @property
+    def shards(self) -> int:
+        return len(self._shards)
+
+    def _shard(self, stream: str) -> _Shard:
+        return self._shards[zlib.crc32(stream.encode()) % len(self._shards)]
+
+    async def wait(self, stream: str, after_id: str, timeout_s: float) -> None:
+        """Return once ``stream`` has an entry newer than ``after_id`` (as far as the
+        waiter knows), or after ``timeout_s``."""
+        await self._shard(stream).wait(stream, after_id, timeout_s)
+
+    def idle_timeout_s(self, stream: str, fallback_s: float) -> float:
+        """How long ``stream`` may wait here before reading again by itself."""
+        if self._shard(stream).healthy:
+            return IDLE_RECHECK_S * random.uniform(0.5, 1.0)
+        return fallback_s
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as tg:
+            for shard in self._shards:
+                await tg.start(shard.run)
+            task_status.started()

@@ -106,7 +106,10 @@ def test_idle_cost_runs_and_reports_its_table(
     out = capsys.readouterr().out
     assert "30 idle streams owned by one consumer" in out, out
     for mode in ("lock", "session"):
-        row = rf"^\| {mode} \| \d+ \| [\d,]+ \| -?\d+\.\d KiB \| \d+\.\d ms \| \d+\.\d ms \|$"
+        row = (
+            rf"^\| {mode} \| \d+ \| [\d,]+ \| [\d,]+ \| -?\d+\.\d KiB \| "
+            r"\d+\.\d ms \| \d+\.\d ms \|$"
+        )
         assert re.search(row, out, re.MULTILINE), out
 
 
