@@ -8,8 +8,8 @@ cannot drift from the code.
   with its default, and no row for a field that does not exist; its table of
   `streamjobs worker` options matches the parser.
 * docs/api.md documents every name of `streamjobs.__all__`.
-* docs/metrics.md, migration.md and changelog.md reproduce the top-level METRICS.md,
-  MIGRATION.md and CHANGELOG.md, with only link targets changed to work on the site.
+* docs/metrics.md, migration.md and changelog.md are the top-level METRICS.md,
+  MIGRATION.md and CHANGELOG.md, put whole on the site by docs/hooks/top_level.py.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import enum
 import html
+import importlib.util
 import os
 import re
 import subprocess
@@ -211,43 +212,36 @@ def test_api_page_documents_every_public_name() -> None:
     assert sorted(documented - set(streamjobs.__all__)) == [], "api.md names non-public objects"
 
 
-def for_the_site(text: str, name: str) -> str:
-    """A top-level file's text with each relative link target made relative to docs/."""
+def _hook() -> Any:
+    spec = importlib.util.spec_from_file_location("top_level", DOCS / "hooks" / "top_level.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def target(m: re.Match[str]) -> str:
-        url = m[1]
-        path, _, anchor = url.partition("#")
-        if re.match(r"[a-z]+:", url) or not path:  # external, or an anchor on the page
-            return m[0]
-        if path.startswith("docs/"):
-            new = path.removeprefix("docs/")
-        elif path in SITE_PAGE_OF:
-            new = SITE_PAGE_OF[path]
-        else:
-            pytest.fail(f"{name} links to {path}, which is not on the site")
-        return f"]({new}{'#' + anchor if anchor else ''})"
 
-    return re.sub(r"\]\(([^)\s]+)\)", target, text)
+def test_the_hook_puts_exactly_these_files_on_the_site() -> None:
+    assert _hook().PAGES == SITE_PAGE_OF
+
+
+def test_the_hook_rewrites_links_and_refuses_one_off_the_site() -> None:
+    hook = _hook()
+    text = "[a](docs/design.md#keys) [b](CHANGELOG.md) [c](https://x.org/y.md) [d](#here)"
+    assert hook.for_the_site(text, "T.md") == (
+        "[a](design.md#keys) [b](changelog.md) [c](https://x.org/y.md) [d](#here)"
+    )
+    with pytest.raises(hook.TopLevelLinkError, match=r"benchmarks/README\.md"):
+        hook.for_the_site("[e](benchmarks/README.md)", "T.md")
 
 
 @pytest.mark.parametrize("top", sorted(SITE_PAGE_OF))
-def test_included_page_reproduces_the_top_level_file(top: str) -> None:
+def test_each_top_level_file_is_on_the_site_whole(top: str, site: Path) -> None:
     page = DOCS / SITE_PAGE_OF[top]
-    source = page.read_text(encoding="utf-8")
-    source = re.sub(r"\A<!--.*?-->\n", "", source, flags=re.S)  # the note for editors
-    original = (ROOT / top).read_text(encoding="utf-8").splitlines()
-    expanded: list[str] = []
-    for line in source.splitlines():
-        m = SNIPPET.match(line)
-        if m is None:
-            expanded.append(line)
-            continue
-        assert m["path"] == top, f"{page.name} includes {m['path']}"
-        start = int(m["start"]) if m["start"] else 1
-        end = int(m["end"]) if m["end"] else None
-        expanded.extend(original[start - 1 : end])
-    expected = for_the_site("\n".join(original), top).splitlines()
-    assert expanded == expected, (
-        f"docs/{page.name} no longer equals {top} with its links made relative to docs/: "
-        f"{top} changed; update the line ranges and the lines written out in docs/{page.name}"
-    )
+    assert f'--8<-- "{top}"' in page.read_text(encoding="utf-8").splitlines()
+    built = (site / Path(SITE_PAGE_OF[top]).stem / "index.html").read_text(encoding="utf-8")
+    source = (ROOT / top).read_text(encoding="utf-8")
+    fenced = re.sub(r"^```.*?^```", "", source, flags=re.M | re.S)
+    headings = [line for line in fenced.splitlines() if re.match(r"#{1,3} ", line)]
+    assert headings, f"{top} has no headings"
+    assert len(re.findall(r"<h[123][ >]", built)) == len(headings), f"{top} not all on the site"
