@@ -642,9 +642,12 @@ class OwnedStream:
             return await self._recheck(now)
 
     async def _recheck(self, sent: float) -> bool:
+        """Read the lock (and the cancel marker, in the same round trip): False if the
+        stream was lost, or cancelled (the next fenced read then ends it, so a batch of
+        slow entries is not handled to its end first)."""
         host = self.host
         try:
-            holder = await host.gateway.lock_holder(self.stream)
+            holder, cancelled = await host.gateway.lock_and_cancel(self.stream)
         except Exception as exc:
             # Redis cannot say: the local lease still bounds the risk. Ask again later.
             host.metrics.loop_error(host.service, "stream")
@@ -659,6 +662,8 @@ class OwnedStream:
                 "vanished" if holder is None else "changed hands",
             )
             self.mark_lost()
+            return False
+        if cancelled is not None:
             return False
         self.confirmed(sent)
         return not self._stopping()

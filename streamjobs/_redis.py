@@ -376,6 +376,7 @@ class StreamGateway(Protocol):
     async def lock_alive(self, stream: str) -> bool: ...
     async def session_alive(self, consumer: str, incarnation: str) -> bool: ...
     async def lock_holder(self, stream: str) -> str | None: ...
+    async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]: ...
     async def is_end_marker(self, stream: str, entry_id: str) -> bool: ...
     async def seal(
         self,
@@ -1069,6 +1070,13 @@ class Gateway:
         """Claim due session index members: (member, its deadline in server ms) each."""
         r = await self.scripts.sweep(keys=[self.keys.sessions], args=[0, limit, recheck_ms])
         return [(text(r[i]), int(float(text(r[i + 1])))) for i in range(0, len(r), 2)]
+
+    @translated
+    async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]:
+        """The token in ``stream``'s lock and the reason in its cancel marker (None where
+        there is none): one MGET, both keys being in the stream's slot."""
+        token, reason = await self.client.mget(self.keys.lock(stream), self.keys.cancel(stream))
+        return (None if token is None else text(token), None if reason is None else text(reason))
 
     @translated
     async def lock_holder(self, stream: str) -> str | None:

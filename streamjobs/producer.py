@@ -148,16 +148,20 @@ class Producer:
         """Stop the job of data stream ``name`` for good (docs/operations.md#cancelling-a-stream).
 
         An assignment queued by :meth:`add_stream` that no consumer has read yet is
-        removed. One a consumer holds is ended by it within one read batch: no more of
-        its entries reach ``handle()``, what was delivered and not handled is acked,
-        what was not read is skipped, the assignment completes, the lock is released
-        and ``on_stream_cancelled(name, reason)`` is called. An owner that dies first
-        leaves it to the consumer that recovers it, which ends it the same way. The
-        stream's entries are left where they are (the owner's retention applies).
+        removed. One a consumer holds is ended by it at its next read or lock check
+        (within about 50 ms, after the ``handle()`` call in progress): no more of its
+        entries reach ``handle()``, what was delivered and not handled is acked, what
+        was not read is skipped, the assignment completes, the lock is released and
+        ``on_stream_cancelled(name, reason)`` is called. An owner that dies first
+        leaves it to the consumer that recovers it, which ends it the same way. An
+        owner that had already reached the stream's own end marker finishes it
+        normally. The stream's entries are left where they are (the owner's retention
+        applies).
 
         Returns:
-            ``REMOVED``, ``SIGNALLED`` (its owner will end it), or ``NOT_FOUND`` (no
-            unfinished assignment queued by ``add_stream``, and no lock: nothing done).
+            ``REMOVED``, ``SIGNALLED`` (its owner will end it, unless it was already
+            ending), or ``NOT_FOUND`` (no unfinished assignment queued by
+            ``add_stream``, and no lock: nothing done).
 
         Raises:
             InvalidStreamName: see :meth:`add_stream`.

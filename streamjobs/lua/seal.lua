@@ -12,8 +12,9 @@
 -- ARGV[3]  retention, milliseconds: >0 PEXPIRE; 0 or -1 leave the TTL alone (a
 --          stream to delete is deleted by the release, once the assignment is done)
 -- ARGV[4]  'cancel' when the stream was cancelled: every entry still pending in the
---          group is acked too (delivered, never to be handled), the group moves past
---          every entry not yet read, and the cancel marker goes; '' otherwise
+--          group is acked too (delivered, never to be handled) and the group moves past
+--          every entry not yet read; '' otherwise. The cancel marker goes either way: a
+--          cancel that came after the stream's own end marker was read is moot.
 -- ARGV[5..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -49,8 +50,8 @@ if ARGV[4] == 'cancel' then
   if has_group then  -- what was never read is skipped: a later job starts after it
     redis.call('XGROUP', 'SETID', KEYS[2], ARGV[2], '$')
   end
-  redis.call('DEL', KEYS[3])
 end
+redis.call('DEL', KEYS[3])
 local keep = tonumber(ARGV[3])
 if keep > 0 then
   redis.call('PEXPIRE', KEYS[2], keep)

@@ -61,6 +61,7 @@ METHODS = frozenset(
         "session",
         "session_alive",
         "lock_alive",
+        "lock_and_cancel",
         "sweep_sessions",
         "read_assignments",
         "fetch_assignment",
@@ -825,8 +826,8 @@ class FakeGateway:
         *,
         cancelled: bool = False,
     ) -> bool:
-        """seal.lua: token check; XACK ``ack`` (everything pending, and drop the cancel
-        marker, if ``cancelled``); PEXPIRE the stream if ``keep_ms`` > 0."""
+        """seal.lua: token check; XACK ``ack`` (everything pending if ``cancelled``);
+        drop the cancel marker; PEXPIRE the stream if ``keep_ms`` > 0."""
         await self._enter("seal", stream, token, keep_ms, tuple(ack))
         lock = self._live_lock(self.keys.lock(stream))
         sealed = lock is not None and lock.token == token
@@ -837,12 +838,14 @@ class FakeGateway:
                     s.group.pel.pop(entry_id, None)
                 if cancelled:
                     s.group.pel.clear()
-            if cancelled:
-                self.cancels.pop(stream, None)
+            self.cancels.pop(stream, None)
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms
         await self._leave("seal")
         return sealed
+
+    async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]:
+        return await self.lock_holder(stream), self.cancels.get(stream)
 
     async def lock_holder(self, stream: str) -> str | None:
         """GET of the lock key: the token holding it, or None."""

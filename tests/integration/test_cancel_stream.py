@@ -130,3 +130,67 @@ async def test_an_idle_owned_stream_is_woken_and_ended(
 
             await eventually(cancelled)
     await assert_nothing_left(redis, service, stream)
+
+
+class Slow(Cancellable):
+    async def handle(self, message: Message) -> None:
+        await super().handle(message)
+        await anyio.sleep(0.05)
+
+
+async def test_a_batch_of_slow_entries_stops_at_the_next_lock_check(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"slow:{uid}"
+    await producer.add_stream(stream)
+    for i in range(100):
+        await producer.append(stream, {"n": str(i)})
+    consumer = consumer_factory(Slow, config=ConsumerConfig(read_batch_size=100))
+    async with consumer:
+
+        async def begun() -> bool:
+            return len(consumer.handled) >= 3
+
+        await eventually(begun)
+        assert await producer.cancel_stream(stream, "stop") is CancelOutcome.SIGNALLED
+        seen = len(consumer.handled)
+
+        async def cancelled() -> bool:
+            return consumer.cancelled == [(stream, "stop")]
+
+        await eventually(cancelled)
+        # The owner re-reads its lock (and the cancel marker) at most every 50 ms, so it
+        # stops within a few 50 ms entries, not at the end of the 100-entry batch.
+        assert len(consumer.handled) <= seen + 5, (seen, len(consumer.handled))
+        assert consumer.ended == []
+    await assert_nothing_left(redis, service, stream)
+
+
+async def test_a_cancel_after_the_end_marker_was_read_is_moot(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"ending:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    await producer.append(stream, {"n": "hold"})
+    await producer.close_stream(stream)
+    consumer = consumer_factory(Cancellable)
+    async with consumer:
+
+        async def holding() -> bool:
+            return len(consumer.handled) == 2
+
+        await eventually(holding)
+        # The batch in hand holds the end marker right after this entry.
+        assert await producer.cancel_stream(stream, "late") is CancelOutcome.SIGNALLED
+        consumer.gate.set()
+
+        async def ended() -> bool:
+            return consumer.ended == [stream]
+
+        await eventually(ended)
+        assert consumer.cancelled == []
+    # The finish removed the marker the late cancel left.
+    await assert_nothing_left(redis, service, stream)
