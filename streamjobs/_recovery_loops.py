@@ -47,6 +47,9 @@ One refused or lost sooner backs off (capped, jittered), so a refusal (NOPERM) i
 retried many times a second."""
 
 _SWEEP_LIMIT = 100
+_DUE_SLACK_S = (0.01, 0.05)
+"""Sleep this much past the earliest deadline (uniform), so that the owner's lease is
+surely past and a fleet's sweepers do not all wake at the same instant."""
 _SESSION_MIN_IDLE_MS = 2000
 """A dead session's assignments pending for less are left to a later sweep: they were
 read by a live incarnation under the same consumer name, which is taking their locks."""
@@ -180,21 +183,34 @@ class RecoveryLoops:
         # Lease deadlines trail lock deadlines by a round trip; a woken sweep looks a
         # little ahead so the lock that just expired is included.
         horizon_ms = 250
+        delay = 0.0  # a first sweep at once: whatever fell due while nobody ran
         while True:
             woken = False
-            with anyio.move_on_after(interval):
+            with anyio.move_on_after(delay):
                 await self._wake.wait()
                 woken = True
             if woken:
                 self._wake = anyio.Event()
                 delay = self._rng.uniform(0, self._cfg.notification_delay_max_s)
                 await anyio.sleep(delay)
+            delay = interval
             try:
                 while await self.sweep_once(horizon_ms if woken else 0) == _SWEEP_LIMIT:
                     pass
+                delay = await self._until_next_due(interval)
                 guard.ok()
             except Exception as exc:
                 await guard.failed(exc, "lease sweep")
+
+    async def _until_next_due(self, interval: float) -> float:
+        """How long the sweep may sleep: until the earliest lease or session deadline
+        (plus a few ms of jitter, so a fleet does not sweep in step), at most
+        ``interval``. A dead owner is then recovered as its deadline passes, not up to
+        one interval later, whether or not Redis has expired its lock yet."""
+        due_ms = await self._gw.next_due_ms()
+        if due_ms is None:
+            return interval
+        return min(interval, due_ms / 1000 + self._rng.uniform(*_DUE_SLACK_S))
 
     # -- reconciliation scan -------------------------------------------------------
 

@@ -393,6 +393,7 @@ class StreamGateway(Protocol):
         self, mode: SessionMode, consumer: str, value: str, ttl_ms: int, incarnation: str
     ) -> bool: ...
     async def sweep_sessions(self, limit: int, recheck_ms: int) -> list[tuple[str, int]]: ...
+    async def next_due_ms(self) -> int | None: ...
     async def sweep_leases(
         self, horizon_ms: int, limit: int, recheck_ms: int
     ) -> list[tuple[str, int]]: ...
@@ -1064,6 +1065,13 @@ class Gateway:
             args=[mode, value, ttl_ms, session_member(incarnation, consumer)],
         )
         return int(r) == 1
+
+    @script
+    async def next_due_ms(self) -> int | None:
+        """Milliseconds (server time) until the earliest lease or session deadline; 0 if
+        one has passed; None if there is none."""
+        r = int(await self.scripts.next_due(keys=[self.keys.leases, self.keys.sessions]))
+        return None if r < 0 else r
 
     @script
     async def sweep_sessions(self, limit: int, recheck_ms: int) -> list[tuple[str, int]]:

@@ -72,3 +72,4 @@ class Scripts:
         self.replay_entry = client.register_script(source("replay_entry"))
         self.prune_names = client.register_script(source("prune_names"))
         self.session = client.register_script(source("session"))
+        self.next_due = client.register_script(source("next_due"))

@@ -256,8 +256,9 @@ class RecoveryConfig:
             mode (a standalone deployment may become a cluster later) and raises
             ``ConfigurationError("dlq_stream", ...)``.
         dlq_maxlen: approximate cap of the dead-letter stream (``MAXLEN ~``); 0 = unbounded.
-        lease_check_interval_s: period of the lease sweep that finds expired locks
-            without waiting for Redis to expire them (see docs/recovery.md).
+        lease_check_interval_s: longest pause of the lease sweep, which finds expired
+            locks without waiting for Redis to expire them; it also wakes at the
+            earliest lease or session deadline (see docs/recovery.md).
         notification_delay_max_s: a keyspace expiry is acted on after ``U(0, this)``,
             so a fleet does not stampede.
         configure_keyspace_events: merge the needed flags into

@@ -62,6 +62,7 @@ METHODS = frozenset(
         "session_alive",
         "lock_alive",
         "lock_and_cancel",
+        "next_due_ms",
         "sweep_sessions",
         "read_assignments",
         "fetch_assignment",
@@ -922,6 +923,14 @@ class FakeGateway:
             return False
         parsed = parse_session_token(holder)
         return parsed is None or await self.session_alive(parsed[1], parsed[0])
+
+    async def next_due_ms(self) -> int | None:
+        """next_due.lua over the fake's lease index (it keeps no session index)."""
+        await self._enter("next_due_ms")
+        now = self.clock()
+        due = None if not self._leases else max(0, int(min(self._leases.values()) - now))
+        await self._leave("next_due_ms")
+        return due
 
     async def sweep_sessions(self, limit: int, recheck_ms: int) -> list[tuple[str, int]]:
         """The fake keeps no session index: no session is ever due."""

@@ -107,7 +107,7 @@ def test_idle_cost_runs_and_reports_its_table(
     assert "30 idle streams owned by one consumer" in out, out
     for mode in ("lock", "session"):
         row = (
-            rf"^\| {mode} \| \d+ \| [\d,]+ \| [\d,]+ \| -?\d+\.\d KiB \| "
+            rf"^\| {mode} \| \d+ \| [\d,]+ \| [\d,]+ \| [\d,]+ \| -?\d+\.\d KiB \| "
             r"\d+\.\d ms \| \d+\.\d ms \|$"
         )
         assert re.search(row, out, re.MULTILINE), out

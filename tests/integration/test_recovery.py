@@ -264,3 +264,32 @@ async def test_no_lease_outlives_its_assignment(
     assert await c.claim(aid) is RequeueOutcome.LOST_RACE
     assert await redis.zscore(keys.leases, aid) is None
     assert (await redis.xpending(keys.assignments, service))["pending"] == 0
+
+
+async def test_the_sweep_wakes_at_a_lease_deadline_not_at_its_interval(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """A dead owner's lease falls due 1 s from now; the sweep's interval is 30 s and
+    neither notifications nor the scan can help: the sweep sleeps until the deadline."""
+    stream = f"d:{uid}"
+    [aid] = await strand(redis, service, [stream], "ghost")
+    keys = Keys(service)
+    now_s, now_us = await redis.time()
+    await redis.zadd(keys.leases, {aid: now_s * 1000 + now_us // 1000 + 1000})
+    recovery = RecoveryConfig(
+        interval_s=600,
+        min_idle_s=600,
+        lease_check_interval_s=30,
+        configure_keyspace_events=False,
+    )
+    c = consumer_factory(Recorder, recovery=recovery)
+    started = time.monotonic()
+    async with c:
+
+        async def recovered() -> bool:
+            return c.ended == [stream]
+
+        await eventually(recovered, timeout_s=25)
+    took = time.monotonic() - started
+    assert took < 15, f"recovered after {took:.1f}s: the sweep waited for its interval"
+    assert (await redis.xpending(keys.assignments, service))["pending"] == 0
