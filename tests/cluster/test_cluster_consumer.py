@@ -282,7 +282,12 @@ async def test_reset_on_an_unsettled_cluster_changes_nothing(
         await anyio.to_thread.run_sync(fresh_cluster.kill_node, primary)
         with pytest.raises(ClusterNotSettled):
             await c.reset_topology()
-        assert (watcher(c).generation, watcher(c).subscribed) == before
+        # The refused reset subscribed nothing. The watcher may meanwhile have seen the
+        # dead primary's subscription drop and rebuilt on its own (Valkey closes the
+        # socket fast enough for that): then without the dead primary.
+        generation, subscribed = watcher(c).generation, watcher(c).subscribed
+        assert subscribed <= before[1]
+        assert generation == before[0] or ("127.0.0.1", primary) not in subscribed
 
 
 async def test_unrelated_keyspace_flags_survive_start_and_reset(
