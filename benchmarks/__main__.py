@@ -8,9 +8,14 @@ its own private server), one after the other so they never share the CPU, and wr
 * ``--out DIR/results.md``: the same as markdown, ready for benchmarks/README.md.
 
 ``--quick`` runs every scenario at its smoke-test size (seconds, no meaningful
-numbers); the default is each scenario's full size (about 15 minutes on a 2-core VM).
-``--only a,b`` picks scenarios. A scenario that fails is reported and the others run;
-the exit code is 1 if any failed.
+numbers); the default is each scenario's full size (about 15 minutes on a 2-core VM,
+plus the cluster runs). ``--only a,b`` picks scenarios. A scenario that fails is
+reported and the others run; the exit code is 1 if any failed. A scenario past
+``--timeout`` gets SIGTERM (the benchmarks then stop their private servers and
+clusters), SIGKILL only if it has not exited 30 s later.
+
+``hot_stream_cluster`` and ``many_streams_cluster`` run ``hot_stream`` and
+``many_streams`` with ``--cluster``: on a private 3-primary + 3-replica Redis Cluster.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -44,7 +50,24 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "status_cost": ([], ["--streams", "30", "--dead", "5", "--rounds", "2"]),
     "recovery_latency": ([], ["--streams", "3", "--ttl", "1", "--unrelated", "0"]),
     "peers": (["--entries", "20000"], ["--entries", "50", "--rounds", "1"]),
+    "hot_stream_cluster": (
+        ["--entries", "50000", "--rounds", "3", "--cluster"],
+        ["--entries", "2000", "--rounds", "2", "--cluster"],
+    ),
+    "many_streams_cluster": (
+        ["--streams", "2000", "--rounds", "3", "--cluster"],
+        ["--streams", "20", "--entries", "3", "--rounds", "2", "--cluster"],
+    ),
 }
+
+# scenario -> the module it runs, where that is not the scenario's own name
+MODULES: dict[str, str] = {
+    "hot_stream_cluster": "hot_stream",
+    "many_streams_cluster": "many_streams",
+}
+
+TERM_GRACE_S = 30.0
+"""After SIGTERM, how long a timed-out scenario gets to stop its servers."""
 
 
 @dataclass
@@ -82,17 +105,25 @@ def parse_tables(text: str) -> tuple[list[list[dict[str, str]]], list[str]]:
 
 
 def run(scenario: str, args: list[str], timeout_s: float) -> Run:
-    command = [sys.executable, "-m", f"benchmarks.{scenario}", *args]
+    module = MODULES.get(scenario, scenario)
+    command = [sys.executable, "-m", f"benchmarks.{module}", *args]
     print(f"== {scenario}: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-        code, out = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        code, out = 124, f"timed out after {timeout_s:g}s\n{partial}"
+    with subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+            code, out = proc.returncode, stdout + stderr
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: the benchmark stops its private server or cluster on it.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                stdout, stderr = proc.communicate(timeout=TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            code, out = 124, f"timed out after {timeout_s:g}s\n{stdout}{stderr}"
     seconds = time.perf_counter() - started
     print(out, flush=True)
     tables, notes = parse_tables(out)

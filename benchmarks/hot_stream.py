@@ -16,6 +16,16 @@ Run: ``python -m benchmarks.hot_stream [--entries N] [--rounds 3] [--batch 100]`
 By default a private ``redis-server`` is started (less noise) and stopped at the end;
 ``--use-url`` uses ``--redis-url`` instead. Only keys holding this run's id are written
 and deleted; nothing is ever flushed. See benchmarks/README.md.
+
+``--cluster`` runs the same scenario on a private OSS Redis Cluster of 3 primaries and
+3 replicas (``tests.harness.cluster.LocalCluster``, imported only then), started for
+the run and stopped at the end, also on an error, Ctrl-C or SIGTERM. Both contenders
+then use ``redis.asyncio.cluster.RedisCluster``: the bare loop's pipelined ``XACK`` +
+``XREADGROUP`` name the same stream, so one slot and one node, and stay one round trip
+per batch (its ``XREADGROUP`` is sent to that primary explicitly: see
+:func:`xreadgroup`); streamjobs runs with ``cluster_mode=ClusterMode.OSS``. The stream
+lives on one primary, so this measures the cluster client path, not any spreading of
+load. Command counts are ``INFO commandstats`` summed over the primaries.
 """
 
 from __future__ import annotations
@@ -25,8 +35,10 @@ import contextlib
 import gc
 import os
 import platform
+import signal
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -38,9 +50,17 @@ from typing import Any
 import anyio
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.utils import HIREDIS_AVAILABLE
 
-from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+from streamjobs import (
+    ClusterMode,
+    ConsumerConfig,
+    Message,
+    Producer,
+    RecoveryConfig,
+    StreamConsumer,
+)
 from streamjobs._urls import redact
 from streamjobs.cli import DEFAULT_URL
 from streamjobs.testing import RedisServer, RedisServerError, answers, server_binary
@@ -49,8 +69,9 @@ PAYLOAD_BYTES = 100
 PRODUCE_CHUNK = 1000
 BARE = "bare"
 STREAMJOBS = "streamjobs"
-# Commands the harness itself sends while a contender is measured.
-HARNESS_COMMANDS = frozenset({"info", "config|resetstat"})
+# Commands the harness itself sends while a contender is measured, and on a cluster
+# the REPLCONF ACKs the replicas send their primaries every second.
+HARNESS_COMMANDS = frozenset({"info", "config|resetstat", "replconf"})
 
 
 class BenchmarkError(RuntimeError):
@@ -64,11 +85,61 @@ class BenchmarkError(RuntimeError):
 class Target:
     url: str
     private: bool
+    cluster: bool = False
+    """An OSS Redis Cluster (``url`` names one of its nodes)."""
 
 
 @contextlib.contextmanager
-def redis_target(url: str, use_url: bool) -> Iterator[Target]:
-    """A private server unless ``use_url`` (or no ``redis-server`` binary is installed)."""
+def private_cluster() -> Iterator[Target]:
+    """A private 3-primary + 3-replica cluster for the run, stopped at the end.
+
+    ``tests.harness.cluster`` is imported only here: the repository root is on the
+    path when the benchmarks run (``python -m benchmarks...`` from the root).
+    """
+    from tests.harness.cluster import ClusterStartupError, LocalCluster
+
+    try:
+        cluster = LocalCluster().start()
+    except ClusterStartupError as exc:
+        raise BenchmarkError(str(exc)) from exc
+    try:
+        yield Target(cluster.url, private=True, cluster=True)
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """While open, SIGTERM raises :class:`SystemExit` (exit code 143), so ``finally``
+    blocks run and the private servers are stopped; the old handler comes back after.
+    Outside the main thread (where signals cannot be handled) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+@contextlib.contextmanager
+def redis_target(url: str, use_url: bool, cluster: bool = False) -> Iterator[Target]:
+    """A private server unless ``use_url`` (or no ``redis-server`` binary is installed);
+    with ``cluster``, a private cluster (never a given URL)."""
+    if cluster:
+        if use_url:
+            raise BenchmarkError("--cluster starts a private cluster: it takes no --use-url")
+        if server_binary() is None:
+            raise BenchmarkError("--cluster needs redis-server (or valkey-server)")
+        with private_cluster() as target:
+            yield target
+        return
     if not use_url:
         if server_binary() is not None:
             try:
@@ -113,14 +184,29 @@ Stats = tuple[Counter[str], Counter[str]]
 """(calls, usec) per command name."""
 
 
+def connect(target: Target, *, decode_responses: bool) -> Any:
+    """An async client for ``target``: ``RedisCluster`` on a cluster, else ``Redis``."""
+    if target.cluster:
+        return RedisCluster.from_url(target.url, decode_responses=decode_responses)
+    return redis.asyncio.Redis.from_url(target.url, decode_responses=decode_responses)
+
+
 async def command_stats(admin: Any) -> Stats:
-    """Calls and server microseconds per command from ``INFO commandstats``."""
-    stats: dict[str, Any] = await admin.info("commandstats")
+    """Calls and server microseconds per command from ``INFO commandstats``; on a
+    cluster, summed over the primaries (replicas only replay what these ran)."""
+    if isinstance(admin, RedisCluster):
+        per_node: dict[str, Any] = await admin.info(
+            "commandstats", target_nodes=RedisCluster.PRIMARIES
+        )
+        nodes = list(per_node.values())
+    else:
+        nodes = [await admin.info("commandstats")]
     calls: Counter[str] = Counter()
     usec: Counter[str] = Counter()
-    for name, value in stats.items():
-        calls[name.removeprefix("cmdstat_")] = int(value["calls"])
-        usec[name.removeprefix("cmdstat_")] = int(value["usec"])
+    for stats in nodes:
+        for name, value in stats.items():
+            calls[name.removeprefix("cmdstat_")] += int(value["calls"])
+            usec[name.removeprefix("cmdstat_")] += int(value["usec"])
     return calls, usec
 
 
@@ -138,9 +224,13 @@ def stats_delta(before: Stats, after: Stats) -> Stats:
 
 
 async def start_counting(admin: Any, target: Target) -> Stats:
-    """Reset the server's command statistics (private server only); return a snapshot."""
+    """Reset the server's command statistics (private server only; on a cluster, every
+    primary's); return a snapshot."""
     if target.private:
-        await admin.config_resetstat()
+        if isinstance(admin, RedisCluster):
+            await admin.config_resetstat(target_nodes=RedisCluster.PRIMARIES)
+        else:
+            await admin.config_resetstat()
     return await command_stats(admin)
 
 
@@ -169,17 +259,33 @@ async def _noop(entry_id: bytes, fields: dict[bytes, bytes]) -> None:
     return None
 
 
+def xreadgroup(client: Any, node: Any, group: str, consumer: str, stream: str, count: int) -> Any:
+    """``XREADGROUP`` on ``client`` (a client: awaitable; a pipeline: queued).
+
+    With a cluster ``node`` (the primary of the stream's slot) the read is sent there
+    explicitly: left to route it, redis-py's cluster client asks a server
+    ``COMMAND GETKEYS`` (twice, one round trip each) for every ``XREADGROUP``, a command
+    whose key it cannot locate by position. Pinning the node is what a careful
+    hand-written loop does, and what streamjobs' fenced read does too.
+    """
+    if node is None:
+        return client.xreadgroup(group, consumer, {stream: ">"}, count=count)
+    command = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", stream, ">")
+    return client.execute_command(*command, target_nodes=node)
+
+
 async def run_bare(
     client: Any, admin: Any, target: Target, stream: str, n: int, batch: int
 ) -> Result:
     await produce(client, stream, n)
     group, consumer = "bench", "bare-0"
     await client.xgroup_create(stream, group, id="0")
+    node = client.get_node_from_key(stream) if target.cluster else None
     before = await start_counting(admin, target)
     gc.collect()
     handled = 0
     t0 = time.perf_counter()
-    reply = await client.xreadgroup(group, consumer, {stream: ">"}, count=batch)
+    reply = await xreadgroup(client, node, group, consumer, stream, batch)
     while reply:
         ids: list[bytes] = []
         for _name, entries in reply:
@@ -189,7 +295,7 @@ async def run_bare(
         handled += len(ids)
         async with client.pipeline(transaction=False) as pipe:
             pipe.xack(stream, group, *ids)
-            pipe.xreadgroup(group, consumer, {stream: ">"}, count=batch)
+            xreadgroup(pipe, node, group, consumer, stream, batch)
             _, reply = await pipe.execute()
     elapsed = time.perf_counter() - t0
     commands, usec = stats_delta(before, await command_stats(admin))
@@ -235,6 +341,7 @@ async def run_streamjobs(
         config=ConsumerConfig(read_batch_size=batch, lock_ttl_s=30, finished_stream_ttl_s=0),
         # Only touch notify-keyspace-events on a server we started ourselves.
         recovery=RecoveryConfig(min_idle_s=45, configure_keyspace_events=target.private),
+        cluster_mode=ClusterMode.OSS if target.cluster else ClusterMode.NONE,
     )
     before = await start_counting(admin, target)
     gc.collect()
@@ -313,7 +420,16 @@ def _cpu_model() -> str:
 async def _describe(admin: Any, target: Target) -> str:
     server: dict[str, Any] = await admin.info("server")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    where = "private redis-server (--save '' --appendonly no)" if target.private else target.url
+    if target.cluster:
+        primaries = len(admin.get_primaries())
+        where = (
+            f"a private OSS Redis Cluster, {primaries} primaries + {primaries} replicas "
+            "(no persistence)"
+        )
+    elif target.private:
+        where = "private redis-server (--save '' --appendonly no)"
+    else:
+        where = target.url
     return (
         f"machine: {os.cpu_count()} CPUs ({_cpu_model()}), load average {load}\n"
         f"python {platform.python_version()} ({platform.python_implementation()}), "
@@ -335,10 +451,14 @@ def _breakdown(commands: Counter[str], entries: int, top: int = 8) -> str:
 
 async def run_benchmark(target: Target, entries: int, rounds: int, batch: int) -> Summary:
     run_id = uuid.uuid4().hex[:12]
-    client = redis.asyncio.Redis.from_url(target.url, decode_responses=False)
-    admin = redis.asyncio.Redis.from_url(target.url, decode_responses=True)
+    client = connect(target, decode_responses=False)
+    admin = connect(target, decode_responses=True)
     done: list[Round] = []
+    heading = None
     try:
+        if target.cluster:
+            await admin.initialize()
+            heading = f"## hot stream on the cluster ({len(admin.get_primaries())} primaries)"
         print(await _describe(admin, target), flush=True)
         print(
             f"workload: {entries:,} entries of ~{PAYLOAD_BYTES} B, batch {batch}, "
@@ -381,7 +501,7 @@ async def run_benchmark(target: Target, entries: int, rounds: int, batch: int) -
         await client.aclose()
         await admin.aclose()
     summary = Summary(done, entries, batch)
-    _print_summary(summary)
+    _print_summary(summary, heading)
     return summary
 
 
@@ -390,7 +510,7 @@ def _spread(values: Sequence[float], fmt: str) -> str:
     return f"{mid} ({low}-{high})"
 
 
-def _print_summary(summary: Summary) -> None:
+def _print_summary(summary: Summary, heading: str | None = None) -> None:
     bare_cpe, bare_cmds = summary.commands_per_entry(BARE)
     sj_cpe, sj_cmds = summary.commands_per_entry(STREAMJOBS)
     total = summary.entries * len(summary.rounds)
@@ -411,6 +531,9 @@ def _print_summary(summary: Summary) -> None:
         f"{sj_script_us:.2f} us in EVALSHA alone (fence.lua; inner commands included)"
     )
     print()
+    if heading is not None:
+        print(heading)
+        print()
     print(
         "| round | bare entries/s | streamjobs entries/s | ratio streamjobs/bare "
         "| streamjobs cmds/entry | server us/entry bare / streamjobs EVALSHA |"
@@ -455,15 +578,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="use --redis-url instead of starting a private redis-server",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a private 3-primary + 3-replica OSS Redis Cluster started for the run",
+    )
     parser.add_argument("--entries", type=_positive_int, default=100_000)
     parser.add_argument("--rounds", type=_positive_int, default=3)
     parser.add_argument("--batch", type=_positive_int, default=100)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.cluster and args.use_url:
+        parser.error("--cluster starts a private cluster: it cannot be combined with --use-url")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    with redis_target(args.redis_url, args.use_url) as target:
+    with sigterm_exits(), redis_target(args.redis_url, args.use_url, args.cluster) as target:
         anyio.run(run_benchmark, target, args.entries, args.rounds, args.batch)
     return 0
 

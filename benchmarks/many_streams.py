@@ -16,23 +16,39 @@ Both sides start their processes first and are timed from the moment work is rel
 misses an entry fails the run.
 
 Run: ``python -m benchmarks.many_streams [--streams 2000] [--entries 10] [--rounds 3]``.
+
+``--cluster`` runs the same rounds on a private OSS Redis Cluster of 3 primaries and 3
+replicas (``tests.harness.cluster.LocalCluster``, imported only then), started for the
+run and stopped at the end, also on an error, Ctrl-C or SIGTERM. The streams spread
+over the three primaries by hash slot. The bare processes use
+``redis.asyncio.cluster.RedisCluster``: one stream's ``XACK`` and the next stream's
+``XREADGROUP`` are in different slots (on different primaries two times in three), so
+the cluster pipeline (``transaction=False``) splits them into one batch per primary,
+sent concurrently: still one round trip of wall time per stream, but up to two
+connections written to. Each ``XREADGROUP`` goes to its stream's primary explicitly
+(see ``benchmarks.hot_stream.xreadgroup``: otherwise redis-py asks ``COMMAND GETKEYS``
+twice per read). The ``streamjobs worker`` processes run with ``--cluster``
+(``ClusterMode.OSS``). Setup (producing, the work lists, releasing work, deleting keys
+with SCAN on every primary) goes through ``redis.cluster.RedisCluster``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from benchmarks.hot_stream import sigterm_exits, xreadgroup
 from streamjobs import Message, StreamConsumer
 from streamjobs._wire import EOS_FIELD, EOS_VALUE, build_fields
 from streamjobs.testing import RedisServer, WorkerFleet
@@ -54,7 +70,7 @@ class Sink(StreamConsumer):
         return None
 
 
-def _produce(r: redis.Redis, names: Sequence[str], entries: int) -> None:
+def _produce(r: Any, names: Sequence[str], entries: int) -> None:
     for start in range(0, len(names), CHUNK // max(1, entries)):
         pipe = r.pipeline(transaction=False)
         for name in names[start : start + CHUNK // max(1, entries)]:
@@ -67,13 +83,20 @@ def _produce(r: redis.Redis, names: Sequence[str], entries: int) -> None:
 # -- bare ---------------------------------------------------------------------------------
 
 
-def bare_worker(url: str, run: str, index: int) -> None:
-    """One bare process: wait for ``go``, drain its half of the streams, report."""
+def bare_worker(url: str, run: str, index: int, cluster: bool = False) -> None:
+    """One bare process: wait for ``go``, drain its half of the streams, report.
+
+    On a cluster the pipeline of one stream's ``XACK`` and the next stream's
+    ``XREADGROUP`` spans two slots, usually two primaries: redis-py's cluster pipeline
+    (``transaction=False``) sends one batch per primary, concurrently, and returns the
+    replies in order. The read names its stream's primary (no ``COMMAND GETKEYS``).
+    """
     import anyio
     import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster
 
     async def main() -> None:
-        client: Any = redis.asyncio.Redis.from_url(url)
+        client: Any = RedisCluster.from_url(url) if cluster else redis.asyncio.Redis.from_url(url)
         names = [n.decode() for n in await client.lrange(f"{run}:names:{index}", 0, -1)]
         for name in names:
             await client.xgroup_create(name, "g", id="0")
@@ -89,7 +112,8 @@ def bare_worker(url: str, run: str, index: int) -> None:
             pipe = client.pipeline(transaction=False)
             if pending_ack is not None:
                 pipe.xack(pending_ack[0], "g", *pending_ack[1])
-            pipe.xreadgroup("g", "c", {name: ">"}, count=100)
+            node = client.get_node_from_key(name) if cluster else None
+            xreadgroup(pipe, node, "g", "c", name, 100)
             replies = await pipe.execute()
             batch = replies[-1][0][1] if replies[-1] else []
             for entry_id, fields in batch:
@@ -105,20 +129,17 @@ def bare_worker(url: str, run: str, index: int) -> None:
     anyio.run(main)
 
 
-def run_bare(r: redis.Redis, url: str, streams: int, entries: int) -> float:
+def run_bare(r: Any, url: str, streams: int, entries: int, cluster: bool = False) -> float:
     run = f"bench-bare-{uuid.uuid4().hex[:8]}"
     names = [f"{run}:s:{i}" for i in range(streams)]
     _produce(r, names, entries)
     halves = [names[i::PROCESSES] for i in range(PROCESSES)]
     for i, half in enumerate(halves):
         r.rpush(f"{run}:names:{i}", *half)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.many_streams", "--bare-worker", url, run, str(i)],
-            cwd=ROOT,
-        )
-        for i in range(PROCESSES)
-    ]
+    mode = "cluster" if cluster else "standalone"
+    command = [sys.executable, "-m", "benchmarks.many_streams", "--bare-worker", url, run]
+    procs = [subprocess.Popen([*command, str(i), mode], cwd=ROOT) for i in range(PROCESSES)]
+    failed = True
     try:
         while r.llen(f"{run}:ready") < PROCESSES:
             r.blpop([f"{run}:never"], timeout=0.01)  # a short, server-side wait
@@ -132,8 +153,11 @@ def run_bare(r: redis.Redis, url: str, streams: int, entries: int) -> float:
                 raise BenchmarkError("bare: a process did not finish within 300 s")
             handled += int(reply[1])
         elapsed = time.perf_counter() - t0
+        failed = False
     finally:
         for p in procs:
+            if failed:
+                p.kill()  # it may wait for a go that never comes
             p.wait(timeout=60)
         _delete(r, run)
     if handled != streams * entries:
@@ -144,12 +168,14 @@ def run_bare(r: redis.Redis, url: str, streams: int, entries: int) -> float:
 # -- streamjobs -----------------------------------------------------------------------------
 
 
-def run_streamjobs(r: redis.Redis, url: str, streams: int, entries: int) -> float:
+def run_streamjobs(r: Any, url: str, streams: int, entries: int, cluster: bool = False) -> float:
     service = f"bench-sj-{uuid.uuid4().hex[:8]}"
     names = [f"{service}:s:{i}" for i in range(streams)]
     _produce(r, names, entries)
     lbs = f"streamjobs:{{{service}}}:lbs"
     args = ["--concurrency", str(CONCURRENCY), "--block-ms", "100"]
+    if cluster:
+        args.append("--cluster")
     with WorkerFleet(
         url, service, "benchmarks.many_streams:Sink", args, pythonpath=[ROOT], cwd=ROOT
     ) as fleet:
@@ -160,7 +186,7 @@ def run_streamjobs(r: redis.Redis, url: str, streams: int, entries: int) -> floa
         for start in range(0, streams, CHUNK):
             pipe = r.pipeline(transaction=False)
             for name in names[start : start + CHUNK]:
-                pipe.xadd(lbs, dict(build_fields(name, {})))  # type: ignore[arg-type]
+                pipe.xadd(lbs, dict(build_fields(name, {})))
             pipe.execute()
         deadline = time.monotonic() + 600
         while r.xlen(lbs) or r.xpending(lbs, service)["pending"]:
@@ -175,7 +201,8 @@ def run_streamjobs(r: redis.Redis, url: str, streams: int, entries: int) -> floa
     return elapsed
 
 
-def _delete(r: redis.Redis, fragment: str) -> None:
+def _delete(r: Any, fragment: str) -> None:
+    """SCAN (on a cluster: every primary) + DEL of every key containing ``fragment``."""
     for key in r.scan_iter(match=f"*{fragment}*", count=1000):
         r.delete(key)
 
@@ -183,28 +210,46 @@ def _delete(r: redis.Redis, fragment: str) -> None:
 # -- the run --------------------------------------------------------------------------------
 
 
-def run(streams: int, entries: int, rounds: int) -> float:
+@contextlib.contextmanager
+def _private_redis(cluster: bool) -> Iterator[tuple[str, Any]]:
+    """(URL, sync client) of a private ``redis-server``, or with ``cluster`` of a private
+    3-primary + 3-replica cluster (a ``redis.cluster.RedisCluster``); stopped after."""
+    if not cluster:
+        server = RedisServer(dir_prefix="streamjobs-bench-").start()
+        try:
+            with redis.Redis.from_url(server.url) as r:
+                yield server.url, r
+        finally:
+            server.stop()
+        return
+    from redis.cluster import RedisCluster
+
+    from tests.harness.cluster import LocalCluster  # the repository root is on the path
+
+    with LocalCluster() as local, RedisCluster.from_url(local.url) as rc:
+        yield local.url, rc
+
+
+def run(streams: int, entries: int, rounds: int, cluster: bool = False) -> float:
     """Median ratio streamjobs/bare (entries per second); prints a table."""
-    server = RedisServer(dir_prefix="streamjobs-bench-").start()
-    r = redis.Redis.from_url(server.url)
     ratios: list[float] = []
     total = streams * entries
-    print(f"{streams:,} streams x {entries} entries, {PROCESSES} processes each side")
-    print("| round | bare entries/s | streamjobs entries/s | ratio streamjobs/bare |")
-    print("|---|---|---|---|")
-    try:
+    with _private_redis(cluster) as (url, r):
+        print(f"{streams:,} streams x {entries} entries, {PROCESSES} processes each side")
+        if cluster:
+            primaries = len(r.get_primaries())
+            print(f"## many streams on the cluster ({primaries} primaries)")
+        print("| round | bare entries/s | streamjobs entries/s | ratio streamjobs/bare |")
+        print("|---|---|---|---|")
         for n in range(1, rounds + 1):
             if n % 2:
-                bare = run_bare(r, server.url, streams, entries)
-                sj = run_streamjobs(r, server.url, streams, entries)
+                bare = run_bare(r, url, streams, entries, cluster)
+                sj = run_streamjobs(r, url, streams, entries, cluster)
             else:
-                sj = run_streamjobs(r, server.url, streams, entries)
-                bare = run_bare(r, server.url, streams, entries)
+                sj = run_streamjobs(r, url, streams, entries, cluster)
+                bare = run_bare(r, url, streams, entries, cluster)
             ratios.append(bare / sj)
             print(f"| {n} | {total / bare:,.0f} | {total / sj:,.0f} | {bare / sj:.3f} |")
-    finally:
-        r.close()
-        server.stop()
     median = statistics.median(ratios)
     print(f"median ratio streamjobs/bare: {median:.3f}")
     return median
@@ -213,15 +258,21 @@ def run(streams: int, entries: int, rounds: int) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--bare-worker"]:
-        bare_worker(args[1], args[2], int(args[3]))
+        bare_worker(args[1], args[2], int(args[3]), cluster=args[4:5] == ["cluster"])
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.many_streams")
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--entries", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a private 3-primary + 3-replica OSS Redis Cluster started for the run",
+    )
     ns = parser.parse_args(args)
     os.environ.setdefault("PYTHONPATH", str(ROOT))
-    run(ns.streams, ns.entries, ns.rounds)
+    with sigterm_exits():
+        run(ns.streams, ns.entries, ns.rounds, ns.cluster)
     return 0
 
 

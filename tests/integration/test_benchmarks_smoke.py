@@ -17,6 +17,7 @@ from benchmarks.hot_stream import BenchmarkError, Target, main
 pytestmark = pytest.mark.redis
 
 N = 2000
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_hot_stream_runs_and_verifies_counts(
@@ -150,3 +151,19 @@ def test_the_runner_writes_json_and_markdown(require_redis_server: str, tmp_path
     markdown = (tmp_path / "results.md").read_text()
     assert "## status_cost (ok," in markdown
     assert "| round | wall ms | Redis CPU ms | commands |" in markdown
+
+
+def test_the_runner_runs_the_cluster_scenarios_with_cluster() -> None:
+    """``hot_stream_cluster`` and ``many_streams_cluster`` are their modules with
+    ``--cluster``, at both sizes (no server needed: nothing is run)."""
+    from benchmarks import __main__ as runner
+
+    for scenario, module in (
+        ("hot_stream_cluster", "hot_stream"),
+        ("many_streams_cluster", "many_streams"),
+    ):
+        assert runner.MODULES[scenario] == module
+        assert (ROOT / "benchmarks" / f"{module}.py").is_file()
+        full, quick = runner.SCENARIOS[scenario]
+        assert "--cluster" in full, full
+        assert "--cluster" in quick, quick
