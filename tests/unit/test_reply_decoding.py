@@ -1,0 +1,51 @@
+"""Decoding of stream entries in every shape a reply takes: raw (the fenced read's
+MULTI/EXEC goes below redis-py's parsers), parsed by redis-py, decoded or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamjobs._redis import _stream_entries, sized_entries
+
+RAW_RESP2: Any = [[b"s", [[b"1-0", [b"a", b"1", b"payload", b"xyz"]], [b"2-0", [b"b", b"22"]]]]]
+
+
+def test_a_raw_resp2_reply_is_decoded_and_measured() -> None:
+    entries, largest = sized_entries(_stream_entries(RAW_RESP2))
+    assert entries == [("1-0", {"a": "1", "payload": "xyz"}), ("2-0", {"b": "22"})]
+    assert largest == len(b"a1payloadxyz")
+
+
+def test_a_raw_resp3_reply_is_decoded() -> None:
+    reply = {b"s": [[b"1-0", [b"a", b"1"]]]}
+    assert sized_entries(_stream_entries(reply))[0] == [("1-0", {"a": "1"})]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [b"k", b"\xff\xfe"],  # not UTF-8: surrogateescape keeps the bytes
+        {b"k": b"\xff\xfe"},
+    ],
+)
+def test_bytes_that_are_not_utf8_survive_both_shapes(body: Any) -> None:
+    [(_, fields)], largest = sized_entries([(b"1-0", body)])
+    assert fields["k"].encode("utf-8", "surrogateescape") == b"\xff\xfe"
+    assert largest == 3
+
+
+@pytest.mark.parametrize("body", [["k", "v", "k2", "v2"], {"k": "v", "k2": "v2"}])
+def test_a_decoding_client_s_str_replies_take_the_general_path(body: Any) -> None:
+    assert sized_entries([("1-0", body)]) == ([("1-0", {"k": "v", "k2": "v2"})], 6)
+
+
+def test_a_repeated_field_keeps_its_last_value_and_counts_every_byte() -> None:
+    [(_, fields)], largest = sized_entries([(b"1-0", [b"k", b"1", b"k", b"22"])])
+    assert fields == {"k": "22"}
+    assert largest == 5
+
+
+def test_an_entry_deleted_after_its_claim_is_skipped() -> None:
+    assert sized_entries([(b"1-0", None), (b"2-0", [b"a", b"b"])])[0] == [("2-0", {"a": "b"})]
