@@ -53,6 +53,13 @@ _UNBLOCK_DEBOUNCE_S = 0.002
 """Registrations arriving together are added to the next read with one unblock."""
 
 
+def shard_count(streams: int) -> int:
+    """Blocking reads (connections) the idle wait of a consumer that may own
+    ``streams`` streams holds: one per ``SHARD_STREAMS``, at least 1, at most
+    ``MAX_SHARDS``."""
+    return min(MAX_SHARDS, max(1, -(-streams // SHARD_STREAMS)))
+
+
 @dataclass(slots=True, eq=False)
 class _Wait:
     after_id: str
@@ -204,7 +211,7 @@ class Waiter:
         service: str,
         streams: int = 1,
     ) -> None:
-        count = min(MAX_SHARDS, max(1, -(-streams // SHARD_STREAMS)))
+        count = shard_count(streams)
         self._shards = [
             _Shard(client, gateway, block_ms=block_ms, metrics=metrics, service=service)
             for _ in range(count)

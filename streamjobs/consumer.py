@@ -23,6 +23,7 @@ from ._keys import Keys
 from ._redis import Gateway
 from ._runtime import Runtime
 from ._stats import ConsumerStatistics
+from ._waiter import SHARD_STREAMS, shard_count
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .exceptions import ConfigurationError
 from .message import Message
@@ -74,25 +75,36 @@ def _check_block(redis: Any, config: ConsumerConfig) -> None:
 
 _BLOCKING_CONNECTIONS = 4
 """Connections held by blocking reads and subscriptions: intake, the shared idle
-wait, the keyspace subscription, and one spare."""
+wait (its first shard), the keyspace subscription, and one spare."""
 
 
 def _check_pool(redis: Any, config: ConsumerConfig, cluster_mode: ClusterMode) -> None:
     """The client's pool must hold the consumer's command slots
-    (``redis_concurrency``) and its blocking connections; without the shared idle wait
-    (a cluster, or a proxy) each owned stream also blocks on a connection of its own.
-    A smaller pool runs out under load (``MaxConnectionsError``) and the consumer loses
-    its own streams."""
+    (``redis_concurrency``) and its blocking connections: on a standalone server one
+    per shard of the shared idle wait (one per 1,250 ``max_concurrent_streams``, at
+    most 16); without the shared idle wait (a cluster, or a proxy) each owned stream
+    blocks on a connection of its own. A smaller pool runs out under load
+    (``MaxConnectionsError``) and the consumer loses its own streams."""
     pool = getattr(redis, "connection_pool", None)
     limit = getattr(pool, "max_connections", None)
     if limit is None:  # a cluster client: its per-node pools
         limit = (getattr(redis, "connection_kwargs", None) or {}).get("max_connections")
     per_stream = cluster_mode is not ClusterMode.NONE
-    needed = config.redis_concurrency + _BLOCKING_CONNECTIONS
-    if per_stream:
-        needed += config.max_concurrent_streams
+    base = config.redis_concurrency + _BLOCKING_CONNECTIONS
+    shards = 0 if per_stream else shard_count(config.max_concurrent_streams)
+    needed = base + (config.max_concurrent_streams if per_stream else shards - 1)
     if not isinstance(limit, int) or limit >= needed:
         return
+    if not per_stream and limit >= base:
+        fits = min(config.max_concurrent_streams, (limit - base + 1) * SHARD_STREAMS)
+        raise ConfigurationError(
+            "max_concurrent_streams",
+            f"{config.max_concurrent_streams} streams wait for entries on {shards} "
+            f"shared blocking reads (one per {SHARD_STREAMS} streams), so with "
+            f"redis_concurrency={config.redis_concurrency} the consumer needs {needed} "
+            f"connections, but the client's pool allows {limit}: create the client with "
+            f"max_connections>={needed}, or lower max_concurrent_streams to {fits}",
+        )
     if per_stream:
         rule = (
             f"{config.max_concurrent_streams} streams need {needed} connections (one per "
@@ -104,7 +116,7 @@ def _check_pool(redis: Any, config: ConsumerConfig, cluster_mode: ClusterMode) -
         raise ConfigurationError("max_concurrent_streams", rule)
     raise ConfigurationError(
         "redis_concurrency",
-        f"{config.redis_concurrency} commands in flight plus {_BLOCKING_CONNECTIONS} "
+        f"{config.redis_concurrency} commands in flight plus {needed - config.redis_concurrency} "
         f"blocking connections need {needed}, but the client's pool allows {limit}: "
         f"create the client with max_connections>={needed}, or lower redis_concurrency",
     )

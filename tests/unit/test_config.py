@@ -174,6 +174,21 @@ def test_more_streams_than_a_cluster_pool_can_serve_are_refused() -> None:
     assert ok.service == "svc"
 
 
+def test_a_standalone_pool_holds_a_connection_per_shard_of_the_idle_wait() -> None:
+    """10,000 streams wait on 8 shared blocking reads (one per 1,250): a pool of 20
+    fits the command slots but not the shards, and the error names the streams."""
+    thousands = ConsumerConfig(max_concurrent_streams=10_000)
+    with pytest.raises(ConfigurationError) as info:
+        _Consumer(Redis(max_connections=20), service="svc", config=thousands)
+    assert info.value.field == "max_concurrent_streams"
+    assert "on 8 shared blocking reads" in info.value.rule
+    assert "max_connections>=27" in info.value.rule
+    assert "lower max_concurrent_streams to 1250" in info.value.rule
+    assert _Consumer(Redis(max_connections=27), service="svc", config=thousands).service == "svc"
+    few = ConsumerConfig(max_concurrent_streams=1_250)
+    assert _Consumer(Redis(max_connections=20), service="svc", config=few).service == "svc"
+
+
 def test_a_standalone_pool_needs_the_command_slots_not_a_connection_per_stream() -> None:
     """Idle streams share one blocking read on a standalone server: 10,000 streams fit
     the default pool; the command slots (redis_concurrency) are what must fit."""
