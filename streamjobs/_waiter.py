@@ -19,12 +19,13 @@ fall back to ``read_block_ms``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -63,7 +64,13 @@ def shard_count(streams: int) -> int:
 @dataclass(slots=True, eq=False)
 class _Wait:
     after_id: str
-    woken: anyio.Event = field(default_factory=anyio.Event)
+    woken: asyncio.Future[None]
+    """Resolved when the stream has entries: a bare future, since every idle stream
+    holds one (an ``anyio.Event`` costs about 0.9 KiB, a future 0.15 KiB)."""
+
+    def wake(self) -> None:
+        if not self.woken.done():  # a wait that ended by timeout cancelled it
+            self.woken.set_result(None)
 
 
 class _Shard:
@@ -106,16 +113,16 @@ class _Shard:
     async def wait(self, stream: str, after_id: str, timeout_s: float) -> None:
         """Return once ``stream`` has an entry newer than ``after_id`` (as far as the
         waiter knows), or after ``timeout_s``."""
-        entry = _Wait(after_id)
+        entry = _Wait(after_id, asyncio.get_running_loop().create_future())
         self._waiting[stream] = entry
         self._generation += 1
         self._nudge()
         try:
             if math.isinf(timeout_s):  # the caller's own scope bounds the wait
-                await entry.woken.wait()
+                await entry.woken
             else:
                 with anyio.move_on_after(timeout_s):
-                    await entry.woken.wait()
+                    await entry.woken
         finally:
             if self._waiting.get(stream) is entry:
                 del self._waiting[stream]
@@ -158,7 +165,7 @@ class _Shard:
                 for stream in ready:
                     entry = self._waiting.get(stream)
                     if entry is not None:
-                        entry.woken.set()
+                        entry.wake()
         finally:
             self._client_id = None
             await reader.close()
