@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._redis import Gateway, raw, script, sized_entries, text, translated
+from ._redis import Gateway, id_order, raw, script, sized_entries, text, translated
 from ._session import parse_session_token
 
 CHUNK = 1000
@@ -76,11 +76,6 @@ def _groups(reply: Any) -> list[dict[str, Any]]:
         pairs = g.items() if isinstance(g, dict) else zip(g[::2], g[1::2], strict=True)
         out.append({text(k): v for k, v in pairs})
     return out
-
-
-def _order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def owner_of(token: str | None) -> str:
@@ -181,7 +176,7 @@ class OperatorGateway(Gateway):
         """
         if not ids:
             return []
-        first, last = min(ids, key=_order), max(ids, key=_order)
+        first, last = min(ids, key=id_order), max(ids, key=id_order)
         found: dict[str, dict[str, str]] = {}
         start = first
         while len(found) <= 2 * len(ids):

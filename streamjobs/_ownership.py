@@ -34,7 +34,7 @@ from ._backoff import Backoff
 from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
 from ._guard import log_failure
 from ._recovery import Recoverer
-from ._redis import StreamGateway
+from ._redis import StreamGateway, id_order
 from ._session import parse_session_token
 from ._waiter import Waiter
 from ._wire import CANCEL_FIELD, EOS_FIELD, EOS_VALUE, Assignment, is_eos
@@ -172,15 +172,6 @@ async def _call_within(
         await handle(message)
     if scope.cancelled_caught:
         raise HandlerTimeout(f"handle() did not return within {timeout_s}s")
-
-
-def _id_order(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a sortable pair ((0, 0) if it is not one)."""
-    ms, _, seq = entry_id.partition("-")
-    try:
-        return int(ms), int(seq or 0)
-    except ValueError:
-        return 0, 0
 
 
 class Outcome(enum.Enum):
@@ -810,7 +801,7 @@ class OwnedStream:
         than the job's first submission belongs to an earlier job of a reused name:
         the new job's entries are still to come.
         """
-        if top == "0-0" or _id_order(top) < _id_order(self.assignment.first_id):
+        if top == "0-0" or id_order(top) < id_order(self.assignment.first_id):
             return False
         try:
             return await self.host.gateway.is_end_marker(self.stream, top)

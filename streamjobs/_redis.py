@@ -246,10 +246,13 @@ _CLAIM_SPAN_SLACK = 100
 """Entries acked between claimed ones that one XRANGE over the claimed span may carry."""
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a sortable pair."""
+def id_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair ((0, 0) if it is not one)."""
     ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
 
 
 def text(value: bytes | str | int) -> str:
@@ -1038,8 +1041,8 @@ class Gateway:
         found = {text(item[0]): item for item in span if text(item[0]) in wanted}
         rest: list[str] = []
         if len(span) >= limit:  # cut off: what lies past its last entry, one by one
-            last = _id_key(text(span[-1][0]))
-            rest = [i for i in ids if i not in found and _id_key(i) > last]
+            last = id_order(text(span[-1][0]))
+            rest = [i for i in ids if i not in found and id_order(i) > last]
         if rest:
             async with self.client.pipeline(transaction=False) as pipe:
                 for entry_id in rest:
