@@ -12,6 +12,13 @@ from streamjobs._redis import Gateway
 pytestmark = pytest.mark.anyio
 
 
+async def _taken_over(redis: AsyncRedis, gw: Gateway, stream: str, entries: int) -> None:
+    """ "old" reads every entry of ``stream``, then its lock passes to "new"."""
+    assert await gw.acquire(stream, "old:1", 5000)
+    assert len((await gw.fenced_read(stream, "old:1", "old", entries, [])).entries) == entries
+    await redis.set(gw.keys.lock(stream), "new:1")
+
+
 async def test_claimed_entries_come_back_in_order_across_acked_gaps_and_deletions(
     redis: AsyncRedis, service: str, uid: str
 ) -> None:
@@ -19,14 +26,11 @@ async def test_claimed_entries_come_back_in_order_across_acked_gaps_and_deletion
     gw = Gateway(redis, keys)
     stream = f"data:{uid}"
     ids = [await redis.xadd(stream, {"n": str(i)}) for i in range(300)]
-    assert await gw.acquire(stream, "old:1", 5000)
-    first = await gw.fenced_read(stream, "old:1", "old", 300, [])
-    assert len(first.entries) == 300
-    # The old owner acked a long run in the middle (more than one XRANGE over the
-    # claimed span carries) and one pending entry was deleted since.
+    await _taken_over(redis, gw, stream, 300)
+    # The old owner had acked a long run in the middle (more than one XRANGE over the
+    # claimed span carries), and one pending entry was deleted since.
     await redis.xack(stream, keys.group, *ids[10:210])
     await redis.xdel(stream, ids[5])
-    await redis.set(keys.lock(stream), "new:1")  # the lock changed hands
 
     claimed = await gw.fenced_read(stream, "new:1", "new", 300, [], claim=True)
 
@@ -45,14 +49,11 @@ async def test_claimed_entries_come_back_in_order_across_acked_gaps_and_deletion
 async def test_a_contiguous_claim_comes_back_whole(
     redis: AsyncRedis, service: str, uid: str
 ) -> None:
-    keys = Keys(service)
-    gw = Gateway(redis, keys)
+    gw = Gateway(redis, Keys(service))
     stream = f"data:{uid}"
     for i in range(40):
         await redis.xadd(stream, {"n": str(i), "payload": "x" * 50})
-    assert await gw.acquire(stream, "old:1", 5000)
-    assert len((await gw.fenced_read(stream, "old:1", "old", 40, [])).entries) == 40
-    await redis.set(keys.lock(stream), "new:1")
+    await _taken_over(redis, gw, stream, 40)
 
     claimed = await gw.fenced_read(stream, "new:1", "new", 100, [], claim=True)
 
