@@ -132,6 +132,10 @@ class Recoverer:
         if decision.action is Action.SKIP_ALIVE:
             return self._count(RequeueOutcome.OWNER_ALIVE)
         if decision.action is Action.REQUEUE:
+            if not owner:
+                # For the log line: the consumer it is pending with is the one that is
+                # gone (the sweep and the scan know only the assignment id).
+                owner = await self._gw.pending_owner(assignment_id)
             try:
                 new_id = await self._gw.requeue(
                     assignment_id,
@@ -157,7 +161,7 @@ class Recoverer:
                     new_id,
                     decision.retry_count,
                     self._max_retries,
-                    repr(owner) if owner else "",
+                    repr(owner) if owner else "(unknown)",
                     extra=extra,
                 )
                 _tracing.mark("streamjobs.requeue", {**extra, "retry_count": decision.retry_count})

@@ -35,6 +35,12 @@ RECOVERY = RecoveryConfig(min_idle_s=3, interval_s=1)
 # Recovery that stays out of the way for the length of a test.
 NO_RECOVERY = RecoveryConfig(min_idle_s=300, interval_s=300, lease_check_interval_s=300)
 
+# Recovery that may find a dead owner but never hands its stream back: the first
+# recovery of an assignment dead-letters it (max_retries_exceeded).
+NO_REQUEUE = RecoveryConfig(
+    min_idle_s=300, interval_s=300, lease_check_interval_s=300, max_retries=0
+)
+
 
 MakeConsumer = Callable[..., Recorder]
 
@@ -117,9 +123,12 @@ async def test_lost_lock_stops_handing_entries_and_refuses_acks(
     redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer, how: str
 ) -> None:
     stream = f"data:{uid}"
-    # Without recovery, so that a re-queue cannot hand the stream back to this same
-    # consumer under a new lock: what is checked is the disowned acquisition.
-    c = make_consumer(Blocking, recovery=NO_RECOVERY)
+    # What is checked is the disowned acquisition, so recovery must not hand the stream
+    # back to this same consumer under a new lock. Long intervals do not keep it away
+    # (the sweep wakes at the lease deadline, and a deleted lock is a dead owner), so
+    # recovery may run but cannot re-queue: with max_retries=0 its one move is to
+    # dead-letter the assignment, which leaves the data stream as the loss left it.
+    c = make_consumer(Blocking, recovery=NO_REQUEUE)
     assert isinstance(c, Blocking)
     c.entered, c.release = anyio.Event(), anyio.Event()
     async with c:
