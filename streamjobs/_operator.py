@@ -84,7 +84,7 @@ def owner_of(token: str | None) -> str:
     if not token:
         return ""
     parsed = parse_session_token(token)
-    return token.rsplit(":", 1)[0] if parsed is None else parsed[1]
+    return token.rsplit(":", 1)[0] if parsed is None else parsed.consumer
 
 
 class OperatorGateway(Gateway):

@@ -372,13 +372,12 @@ class OwnedStream:
         parsed = None if holder is None else parse_session_token(holder)
         if holder is None or parsed is None:
             return ""
-        incarnation, consumer = parsed
-        if await gw.session_alive(consumer, incarnation):
+        if await gw.session_alive(parsed.consumer, parsed.incarnation, parsed.service):
             return ""
         self.log.info(
             "stream %r: its lock names the dead session of %r: taking it over",
             self.stream,
-            consumer,
+            parsed.consumer,
         )
         return holder
 

@@ -148,12 +148,12 @@ class RecoveryLoops:
         try:
             if await self._gw.session_alive(consumer, incarnation):
                 return
-            start, fresh = "-", False
+            start, fresh, failed = "-", False, False
             while True:
                 page = await self._gw.pending_page(0, start, _SWEEP_LIMIT, consumer)
                 fresh = fresh or any(p.idle_ms < _SESSION_MIN_IDLE_MS for p in page)
                 # The fresh ones are looked at again after the re-check delay.
-                await self._recover_all(
+                failed |= not await self._recover_all(
                     [
                         (p.id, consumer, deadline_ms)
                         for p in page
@@ -163,32 +163,40 @@ class RecoveryLoops:
                 if len(page) < _SWEEP_LIMIT:
                     break
                 start = "(" + page[-1].id
-            if not fresh:
+            # The member stays while anything is left to do: the sweep hands it out
+            # again after its re-check delay. Dropping it after a failed recovery
+            # would leave that assignment to the scan, which skips it while its lease
+            # (the long session-mode lock TTL) lies ahead: minutes, not seconds.
+            if not fresh and not failed:
                 await self._gw.session("forget", consumer, incarnation, 0, incarnation)
         except Exception as exc:
             self._metrics.loop_error(self._service, "recover")
             log_failure(log, f"recovering the session of consumer {consumer!r}", exc, 0.0)
 
-    async def _recover_all(self, items: list[tuple[str, str, int]]) -> None:
+    async def _recover_all(self, items: list[tuple[str, str, int]]) -> bool:
         """Recover (assignment id, owner, lost-at ms) items, ``_RECOVERY_CONCURRENCY`` at
-        a time, about in their order (the sweep hands them out by deadline)."""
+        a time, about in their order (the sweep hands them out by deadline). True if
+        every one was recovered without an error."""
+        ok = True
         if len(items) <= 1:
             for assignment_id, owner, lost_at_ms in items:
-                await self._recover_one(assignment_id, owner, lost_at_ms)
-            return
+                ok &= await self._recover_one(assignment_id, owner, lost_at_ms)
+            return ok
         queue = iter(items)
 
         async def worker() -> None:
+            nonlocal ok
             for assignment_id, owner, lost_at_ms in queue:  # shared: each item once
-                await self._recover_one(assignment_id, owner, lost_at_ms)
+                ok &= await self._recover_one(assignment_id, owner, lost_at_ms)
 
         async with anyio.create_task_group() as tg:
             for _ in range(min(_RECOVERY_CONCURRENCY, len(items))):
                 tg.start_soon(worker)
+        return ok
 
     async def _recover_one(
         self, assignment_id: str, owner: str, lost_at_ms: int | None = None
-    ) -> None:
+    ) -> bool:
         """Recover one assignment; a failure is logged and counted, never stops a pass.
 
         One entry that cannot be recovered (whatever the reason) must not keep the
@@ -200,6 +208,8 @@ class RecoveryLoops:
         except Exception as exc:
             self._metrics.loop_error(self._service, "recover")
             log_failure(log, f"recovering assignment {assignment_id}", exc, 0.0)
+            return False
+        return True
 
     async def _sweep_loop(self) -> None:
         guard = LoopGuard("sweep", self._service, self._metrics, log)

@@ -416,7 +416,9 @@ class StreamGateway(Protocol):
     ) -> bool: ...
     async def lock_exists(self, stream: str) -> bool: ...
     async def lock_alive(self, stream: str) -> bool: ...
-    async def session_alive(self, consumer: str, incarnation: str) -> bool: ...
+    async def session_alive(
+        self, consumer: str, incarnation: str, service: str | None = None
+    ) -> bool: ...
     async def lock_holder(self, stream: str) -> str | None: ...
     async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]: ...
     async def is_end_marker(self, stream: str, entry_id: str) -> bool: ...
@@ -1112,13 +1114,21 @@ class Gateway:
         parsed = parse_session_token(holder)
         if parsed is None:
             return True
-        incarnation, consumer = parsed
-        return await self.session_alive(consumer, incarnation)
+        return await self.session_alive(parsed.consumer, parsed.incarnation, parsed.service)
 
     @translated
-    async def session_alive(self, consumer: str, incarnation: str) -> bool:
-        """Whether ``consumer``'s session key exists and holds ``incarnation``."""
-        value = await self.client.get(self.keys.session(consumer))
+    async def session_alive(
+        self, consumer: str, incarnation: str, service: str | None = None
+    ) -> bool:
+        """Whether ``consumer``'s session key exists and holds ``incarnation``.
+
+        ``service`` is the consumer's service when it is not this gateway's (a lock
+        token of another service under the same prefix names its own).
+        """
+        keys = self.keys
+        if service is not None and service != keys.service:
+            keys = Keys(service, keys.prefix)
+        value = await self.client.get(keys.session(consumer))
         return incarnation_of(None if value is None else text(value)) == incarnation
 
     @script

@@ -160,7 +160,7 @@ class Runtime:
 
     def lock_token(self) -> str:
         if self.session_mode:
-            return session_token(self._incarnation, self.name)
+            return session_token(self._incarnation, self.name, self.service)
         return f"{self.name}:{secrets.token_hex(8)}"
 
     def _new_incarnation(self) -> None:
@@ -293,6 +293,11 @@ class Runtime:
         self._stopped = anyio.Event()
         self._intake_done = anyio.Event()
         self._draining = False
+        # Each run() is a new incarnation (docs/design.md#sessions): a session of an
+        # earlier run that was seen dead, or whose end failed, never comes back, and
+        # locks that run left behind read as dead at once.
+        self.session_confirmed_at = None
+        self._new_incarnation()
         session = False
         try:
             if isinstance(self.gateway, Gateway):
@@ -322,6 +327,11 @@ class Runtime:
             if session:
                 await self._end_session()
             self.running = False
+            # A stop ends this run only: the next run() starts with a fresh stop signal
+            # and waits to be ready again. (Reset here, not at the start, so that an
+            # aclose() that came before run() got going still stops it.)
+            self._stop = anyio.Event()
+            self._ready = anyio.Event()
             self._stopped.set()
 
     async def _check_eviction_policy(self) -> None:

@@ -9,6 +9,9 @@ under the same consumer name replaced, never comes back: its owner starts a new
 incarnation, so a recoverer that read a session dead may replace the locks naming it.
 See docs/design.md#liveness.
 
+A token also names its holder's service, because two services under one prefix share
+lock keys: the session that decides is the holder's, not the reader's.
+
 Tokens of ``Liveness.LOCK`` consumers (``<consumer>:<random>``) never match the
 session form, so a fleet of both kinds recovers each other's streams.
 """
@@ -18,23 +21,41 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from typing import NamedTuple
 
-_TOKEN = re.compile(r"~s:([0-9a-f]{16}):[0-9a-f]{16}:(.+)", re.DOTALL)
+# The service sits in braces: a service name has none (``_keys``), so the first ``}``
+# ends it whatever the consumer's name holds. Tokens of releases before the service
+# was named in them (no braces) read as the reader's own service.
+_TOKEN = re.compile(r"~s:([0-9a-f]{16}):[0-9a-f]{16}:(?:\{([^{}]+)\}:)?(.+)", re.DOTALL)
+
+
+class SessionToken(NamedTuple):
+    """What a session-style lock token names."""
+
+    incarnation: str
+    consumer: str
+    service: str | None
+    """The holder's service (whose session keys decide whether it is alive); None in a
+    token written before tokens named it: the reader's own service."""
 
 
 def new_incarnation() -> str:
     return secrets.token_hex(8)
 
 
-def session_token(incarnation: str, consumer: str) -> str:
-    """A fresh lock token of ``consumer``'s session ``incarnation``."""
-    return f"~s:{incarnation}:{secrets.token_hex(8)}:{consumer}"
+def session_token(incarnation: str, consumer: str, service: str) -> str:
+    """A fresh lock token of ``consumer``'s session ``incarnation`` in ``service``.
+
+    Lock keys are shared by the services under one prefix, so the token names the
+    holder's service: whoever reads the lock checks the session in that service.
+    """
+    return f"~s:{incarnation}:{secrets.token_hex(8)}:{{{service}}}:{consumer}"
 
 
-def parse_session_token(token: str) -> tuple[str, str] | None:
-    """``(incarnation, consumer)`` of a session-style lock token; None for a lock token."""
+def parse_session_token(token: str) -> SessionToken | None:
+    """What a session-style lock token names; None for a ``Liveness.LOCK`` token."""
     m = _TOKEN.fullmatch(token)
-    return None if m is None else (m.group(1), m.group(2))
+    return None if m is None else SessionToken(m.group(1), m.group(3), m.group(2))
 
 
 def member(incarnation: str, consumer: str) -> str:

@@ -286,6 +286,8 @@ class FakeGateway:
         """Live consumer sessions: name -> value."""
         self.unreachable: set[str] = set()
         """Streams whose lock's node does not answer heartbeats (``extend_many``)."""
+        self.other_services: dict[str, FakeGateway] = {}
+        """Gateways of other services whose sessions lock tokens may name (by service)."""
 
     # -- test controls ---------------------------------------------------------------
 
@@ -911,9 +913,15 @@ class FakeGateway:
         await self._leave("session")
         return ok
 
-    async def session_alive(self, consumer: str, incarnation: str) -> bool:
+    async def session_alive(
+        self, consumer: str, incarnation: str, service: str | None = None
+    ) -> bool:
         await self._enter("session_alive", consumer)
-        alive = incarnation_of(self.sessions.get(consumer)) == incarnation
+        sessions = self.sessions
+        if service is not None and service != self.keys.service:
+            other = self.other_services.get(service)
+            sessions = {} if other is None else other.sessions
+        alive = incarnation_of(sessions.get(consumer)) == incarnation
         await self._leave("session_alive")
         return alive
 
@@ -922,7 +930,9 @@ class FakeGateway:
         if holder is None:
             return False
         parsed = parse_session_token(holder)
-        return parsed is None or await self.session_alive(parsed[1], parsed[0])
+        return parsed is None or await self.session_alive(
+            parsed.consumer, parsed.incarnation, parsed.service
+        )
 
     async def next_due_ms(self) -> int | None:
         """next_due.lua over the fake's lease index (it keeps no session index)."""

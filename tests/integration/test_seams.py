@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
+import anyio
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
-from streamjobs import Producer
+from streamjobs import ClusterMode, ConsumerConfig, Liveness, Message, Producer, RecoveryConfig
 from streamjobs._keys import Keys
 from streamjobs._recovery import Recoverer
+from streamjobs._recovery_loops import RecoveryLoops
 from streamjobs._redis import Gateway
+from streamjobs._session import member, session_token
+from streamjobs.exceptions import RedisUnavailable
 from streamjobs.metrics import NullRecorder, RequeueOutcome
+from tests.harness.plugin import ConsumerFactory
+
+from ._helpers import Recorder, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -29,3 +38,184 @@ async def test_requeue_log_names_the_consumer_that_is_gone(
         assert await recoverer.recover(aid) is RequeueOutcome.REQUEUED
     [line] = [r.getMessage() for r in caplog.records if "re-queued" in r.getMessage()]
     assert f"its owner 'ghost-{uid}' is gone" in line
+
+
+# -- a consumer run twice (items 5 and 8) ------------------------------------------------
+
+SESSION = ConsumerConfig(
+    lock_ttl_s=1.0, liveness=Liveness.SESSION, read_block_ms=100, max_concurrent_streams=20
+)
+
+
+async def _incarnation(redis: AsyncRedis, service: str, consumer: str) -> str:
+    value = await redis.get(Keys(service).session(consumer))
+    assert value is not None, f"consumer {consumer!r} has no session"
+    found = json.loads(value)["incarnation"]
+    assert isinstance(found, str)
+    return found
+
+
+async def test_a_second_run_keeps_running_until_stopped(
+    redis: AsyncRedis, service: str, consumer_factory: ConsumerFactory
+) -> None:
+    c = consumer_factory(Recorder, config=SESSION)
+    async with c:
+        pass
+    returned = anyio.Event()
+
+    async def run_again() -> None:
+        await c.run()
+        returned.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_again)
+        with anyio.fail_after(10):
+            await c.wait_ready()
+        # A run whose stop signal was left set returns within ~0.3 s by itself.
+        with anyio.move_on_after(2):
+            await returned.wait()
+        assert not returned.is_set(), "the second run() returned without being stopped"
+        assert c.statistics().running
+        await c.aclose()
+        with anyio.fail_after(10):
+            await returned.wait()
+
+
+async def test_each_run_is_a_new_session_incarnation(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    name = f"c-{uid}"
+    c = consumer_factory(Recorder, config=SESSION, consumer_name=name)
+    async with c:
+        first = await _incarnation(redis, service, name)
+    # As if the first run had stopped hard and failed to release a lock: the lock it
+    # left names its incarnation.
+    stream = f"d:{uid}"
+    gw = Gateway(redis, Keys(service))
+    await redis.set(Keys(service).lock(stream), session_token(first, name, service), px=600_000)
+    async with c:
+        second = await _incarnation(redis, service, name)
+        assert second != first
+        assert not await gw.lock_alive(stream), "the first run's session came back"
+
+
+async def test_a_lock_left_by_an_earlier_run_does_not_bounce_its_assignment(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """The whole case: the earlier run's lock is taken over, not seen as alive (which
+    re-queued the assignment as contended until it was dead-lettered)."""
+    name = f"c-{uid}"
+    stream = f"d:{uid}"
+    recovery = RecoveryConfig(interval_s=30, lease_check_interval_s=0.2, max_retries=1)
+    c = consumer_factory(Recorder, config=SESSION, recovery=recovery, consumer_name=name)
+    async with c:
+        first = await _incarnation(redis, service, name)
+    await redis.set(Keys(service).lock(stream), session_token(first, name, service), px=600_000)
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    await producer.close_stream(stream)
+    async with c:
+        await eventually(lambda: _true(c.ended == [stream]), timeout_s=15)
+    assert [n for _, _, _, n in c.handled] == ["0"]
+    assert await redis.xlen(Keys(service).dead_letters) == 0
+    assert await redis.exists(Keys(service).lock(stream)) == 0
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# -- a failed recovery call under SESSION (item 6) ---------------------------------------
+
+
+class _FailingRequeue(Gateway):
+    """Real Redis, but the first ``requeue`` fails as a failover would make it."""
+
+    failures = 1
+
+    async def requeue(self, *args: Any, **kwargs: Any) -> str | None:
+        if self.failures:
+            self.failures -= 1
+            raise RedisUnavailable("injected: connection lost")
+        return await super().requeue(*args, **kwargs)
+
+
+async def test_a_failed_recovery_keeps_the_dead_session_for_the_next_sweep(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    keys = Keys(service)
+    gw = _FailingRequeue(redis, keys)
+    await gw.ensure_group()
+    stream = f"d:{uid}"
+    aid = await Producer(redis, service=service).add_stream(stream)
+    ghost = f"ghost-{uid}"
+    await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=1)
+    # Read long enough ago to be recovered at once (the sweep leaves fresh ones).
+    await redis.xclaim(keys.assignments, service, ghost, 0, [aid], idle=60_000)
+    incarnation = "a" * 16
+    await redis.set(keys.lock(stream), session_token(incarnation, ghost, service), px=600_000)
+    await redis.zadd(keys.sessions, {member(incarnation, ghost): 1})
+    metrics = NullRecorder()
+    loops = RecoveryLoops(
+        redis,
+        gw,
+        Recoverer(gw, max_retries=3, metrics=metrics, service=service),
+        recovery=RecoveryConfig(),
+        consumer=SESSION,
+        cluster_mode=ClusterMode.PROXY,
+        metrics=metrics,
+    )
+    await loops.sweep_once()
+    assert gw.failures == 0, "the injected failure was not met"
+    assert await redis.zscore(keys.sessions, member(incarnation, ghost)) is not None, (
+        "the dead session was forgotten although its assignment was not recovered"
+    )
+
+    async def recovered() -> bool:
+        await loops.sweep_once()
+        pending: int = (await redis.xpending(keys.assignments, service))["pending"]
+        return pending == 0
+
+    # The member comes due again after the re-check delay (half a lock TTL).
+    await eventually(recovered, timeout_s=10)
+    [(_, fields)] = list(await redis.xrange(keys.assignments) or [])
+    assert fields[b"_retry_count"] == b"1"
+    assert await redis.zscore(keys.sessions, member(incarnation, ghost)) is None
+
+
+# -- two services on one stream under SESSION (item 7) -----------------------------------
+
+
+class _Slow(Recorder):
+    async def handle(self, message: Message) -> None:
+        await anyio.sleep(0.25)
+        await super().handle(message)
+
+
+async def test_a_live_session_lock_is_alive_for_another_service(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    stream = f"d:{uid}"
+    other = f"{service}-b"
+    a = consumer_factory(_Slow, config=SESSION, recovery=RecoveryConfig(lease_check_interval_s=0.2))
+    b = consumer_factory(
+        Recorder,
+        service=other,
+        config=SESSION,
+        recovery=RecoveryConfig(lease_check_interval_s=0.2),
+    )
+    pa, pb = Producer(redis, service=service), Producer(redis, service=other)
+    await pa.add_stream(stream)
+    for i in range(10):
+        await pa.append(stream, {"n": str(i)})
+    await pa.close_stream(stream)
+    async with a:
+        await eventually(lambda: _true(len(a.handled) >= 1), timeout_s=10)
+        # Seen from the other service, the lock of a's live session is alive.
+        assert await Gateway(redis, Keys(other)).lock_alive(stream)
+        await pb.add_stream(stream)
+        async with b:
+            await eventually(lambda: _true(a.ended == [stream]), timeout_s=20)
+    assert a.lost == [], "another service took a live session's lock"
+    assert [n for _, _, _, n in a.handled] == [str(i) for i in range(10)]

@@ -95,7 +95,7 @@ async def strand_with_dead_session(
     incarnation = secrets.token_hex(8)
     for s in streams:
         await redis.xgroup_create(s, service, id="0", mkstream=True)
-        await redis.set(keys.lock(s), session_token(incarnation, ghost))
+        await redis.set(keys.lock(s), session_token(incarnation, ghost, service))
     # Its session key expired; its index member is past its deadline.
     await redis.zadd(keys.sessions, {member(incarnation, ghost): 1})
     return incarnation
