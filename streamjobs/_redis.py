@@ -533,15 +533,16 @@ class Gateway:
         )
         return text(r[0]), text(r[1])
 
-    @translated
+    @script
     async def signal_cancel(self, stream: str, reason: str, marker_ttl_ms: int) -> None:
-        """Tell ``stream``'s owner to stop: an end marker carrying the reason (it wakes
-        an owner waiting for entries; not written if the stream is gone), then the
-        cancel marker its next fenced read sees."""
-        await self.client.xadd(
-            stream, {EOS_FIELD: EOS_VALUE, CANCEL_FIELD: reason}, nomkstream=True
+        """Tell ``stream``'s owner to stop (``signal_cancel.lua``): the cancel marker its
+        next fenced read sees, and in the same script an end marker carrying the reason
+        that wakes an owner waiting for entries (not written if the stream is gone or
+        already ends in an end marker)."""
+        await self.scripts.signal_cancel(
+            keys=[stream, self.keys.cancel(stream)],
+            args=[reason, marker_ttl_ms, EOS_FIELD, EOS_VALUE, CANCEL_FIELD],
         )
-        await self.client.set(self.keys.cancel(stream), reason, px=marker_ttl_ms)
 
     @translated
     async def append(self, stream: str, fields: Mapping[str, str | bytes | int | float]) -> str:
@@ -917,7 +918,9 @@ class Gateway:
             ack = ()
             if int(fenced[0]) != 1:
                 return NOT_OWNED
-            if len(fenced) > 3 and fenced[3]:
+            # An empty reason is a cancel too (the default of cancel_stream): only a
+            # missing marker (nil, or false under RESP3) is not.
+            if len(fenced) > 3 and fenced[3] is not None and fenced[3] is not False:
                 # Cancelled: what this read delivered stays pending with us, and the
                 # cancellation's seal acks it unhandled.
                 return ReadReply(True, "0-0", [], cancelled=text(fenced[3]))

@@ -37,6 +37,7 @@ NAMES = (
     "prune_consumers",
     "seal",
     "cancel",
+    "signal_cancel",
     "replay_assignment",
     "replay_entry",
     "prune_names",
@@ -68,6 +69,7 @@ class Scripts:
         self.prune_consumers = client.register_script(source("prune_consumers"))
         self.seal = client.register_script(source("seal"))
         self.cancel = client.register_script(source("cancel"))
+        self.signal_cancel = client.register_script(source("signal_cancel"))
         self.replay_assignment = client.register_script(source("replay_assignment"))
         self.replay_entry = client.register_script(source("replay_entry"))
         self.prune_names = client.register_script(source("prune_names"))

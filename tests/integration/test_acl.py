@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from streamjobs import (
+    CancelOutcome,
     ConsumerConfig,
     DeadLetter,
     DeadLetters,
@@ -145,17 +146,32 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
     )
     config = dataclasses.replace(FAST, liveness=liveness)
     consumer = Refusing(consumer_client, service=service, config=config, recovery=recovery)
+    # One held by the consumer and then cancelled by the producer.
+    held = f"data:{service}:held"
+    await producer.add_stream(held)
+    await producer.append(held, {"n": "0"})
     async with consumer:
 
         async def all_ended() -> bool:
             return sorted(consumer.ended) == sorted([*streams, crashed])
 
         await eventually(all_ended, timeout_s=30)
+
+        async def holding() -> bool:
+            return held in consumer.owned_streams
+
+        await eventually(holding, timeout_s=30)
+        assert await producer.cancel_stream(held) is CancelOutcome.SIGNALLED
+
+        async def released() -> bool:
+            return not await admin.exists(keys.lock(held))
+
+        await eventually(released, timeout_s=30)
     assert await denials(admin) == []
     assert await admin.xlen(keys.dead_letters) == len(streams)
     assert (await admin.xpending(keys.assignments, service))["pending"] == 0
     assert await admin.xlen(keys.assignments) == 0
-    for s in [*streams, crashed]:
+    for s in [*streams, crashed, held]:
         assert await admin.exists(keys.lock(s)) == 0
     operator = await as_user("streamjobs-operator", documented_acl("streamjobs-operator"))
     await operate(operator, service)

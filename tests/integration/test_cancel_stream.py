@@ -194,3 +194,73 @@ async def test_a_cancel_after_the_end_marker_was_read_is_moot(
         assert consumer.cancelled == []
     # The finish removed the marker the late cancel left.
     await assert_nothing_left(redis, service, stream)
+
+
+async def test_a_cancel_with_the_default_reason_stops_a_busy_owner(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """``cancel_stream(name)`` (what ``streamjobs cancel`` sends) writes an empty
+    reason: it is a cancel all the same, not "not cancelled"."""
+    producer = Producer(redis, service=service)
+    stream = f"busy:{uid}"
+    await producer.add_stream(stream)
+    for i in range(200):
+        await producer.append(stream, {"n": str(i)})
+    consumer = consumer_factory(Slow, config=ConsumerConfig(read_batch_size=10))
+    async with consumer:
+        await eventually(lambda: _true(len(consumer.handled) >= 3))
+        assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
+        seen = len(consumer.handled)
+        await eventually(lambda: _true(consumer.cancelled == [(stream, "")]))
+        assert len(consumer.handled) <= seen + 5, (seen, len(consumer.handled))
+    await assert_nothing_left(redis, service, stream)
+
+
+async def test_cancelling_idle_owned_streams_leaves_no_marker(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """The woken owner ends the stream and drops the marker: the marker must exist
+    before the entry that wakes it (it was written after, and left behind 2 runs in 3)."""
+    producer = Producer(redis, service=service)
+    streams = [f"idle:{uid}:{i}" for i in range(8)]
+    for s in streams:
+        await producer.add_stream(s)
+        await producer.append(s, {"n": "0"})
+    consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
+    async with consumer:
+        await eventually(lambda: _true(len(consumer.handled) == len(streams)))
+        for s in streams:
+            assert await producer.cancel_stream(s, "stop") is CancelOutcome.SIGNALLED
+        await eventually(lambda: _true(len(consumer.cancelled) == len(streams)))
+    for s in streams:
+        await assert_nothing_left(redis, service, s)
+
+
+async def test_a_late_cancel_does_not_cancel_the_next_job_of_the_same_name(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    producer = Producer(redis, service=service)
+    stream = f"reused:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})  # a first read takes one entry
+    await producer.append(stream, {"n": "hold"})
+    await producer.close_stream(stream)
+    consumer = consumer_factory(Cancellable)
+    async with consumer:
+        await eventually(lambda: _true(len(consumer.handled) == 2))
+        # The owner holds the end marker in its batch: this cancel is moot, and must
+        # leave nothing in the stream for the next job to read.
+        assert await producer.cancel_stream(stream, "late") is CancelOutcome.SIGNALLED
+        consumer.gate.set()
+        await eventually(lambda: _true(consumer.ended == [stream]))
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "job2"})
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(consumer.ended == [stream, stream]))
+    assert consumer.cancelled == []
+    assert [h[3] for h in consumer.handled] == ["0", "hold", "job2"]
+    await assert_nothing_left(redis, service, stream)
+
+
+async def _true(value: bool) -> bool:
+    return value
