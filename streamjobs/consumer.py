@@ -10,6 +10,7 @@ breaking the framework.
 from __future__ import annotations
 
 import abc
+import inspect
 import os
 import secrets
 import socket
@@ -50,11 +51,38 @@ _BLOCK_MARGIN_S = 0.5
 
 
 def _socket_timeout(redis: Any) -> float | None:
-    """The client's ``socket_timeout`` (standalone or cluster client), if it has one."""
+    """The ``socket_timeout`` the client's connections will use (standalone or cluster
+    client), if they have one.
+
+    The pool's settings can miss it: ``Redis.from_url()`` in redis-py 8 leaves it out
+    of ``connection_kwargs``, and the connection class then applies its own default
+    (5 s). So a setting that is absent is read from the connection class's signature.
+    """
     pool = getattr(redis, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None) or getattr(redis, "connection_kwargs", {})
-    value = (kwargs or {}).get("socket_timeout")
+    kwargs = kwargs or {}
+    if "socket_timeout" in kwargs:
+        value = kwargs["socket_timeout"]
+    else:
+        connection_class = getattr(pool, "connection_class", None) or kwargs.get("connection_class")
+        value = _default_of(connection_class, "socket_timeout")
     return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _default_of(cls: Any, parameter: str) -> Any:
+    """The default of ``parameter`` in the first ``__init__`` along ``cls``'s MRO that
+    declares it (None if none does): what an instance built without it would get."""
+    for klass in getattr(cls, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            found = inspect.signature(init).parameters.get(parameter)
+        except (TypeError, ValueError):
+            continue
+        if found is not None:
+            return None if found.default is inspect.Parameter.empty else found.default
+    return None
 
 
 def _check_block(redis: Any, config: ConsumerConfig) -> None:

@@ -198,3 +198,24 @@ def test_a_standalone_pool_needs_the_command_slots_not_a_connection_per_stream()
         _Consumer(Redis(), service="svc", config=ConsumerConfig(redis_concurrency=97))
     assert info.value.field == "redis_concurrency"
     assert "max_connections>=101" in info.value.rule
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_the_socket_timeout_a_url_client_gets_by_default_is_checked(cluster: bool) -> None:
+    """``from_url()`` leaves redis-py's default socket timeout (5 s in redis-py 8) out of
+    the connection settings: the check must still see the one connections will use."""
+    url = "redis://127.0.0.1:1"
+    target = RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+    pool = getattr(target, "connection_pool", None)
+    settings = getattr(pool, "connection_kwargs", None) or target.connection_kwargs
+    used = settings.get("socket_timeout")
+    if used is None:  # what a connection built from these settings gets
+        used = pool.connection_class(**settings).socket_timeout
+    mode = ClusterMode.OSS if cluster else ClusterMode.NONE
+    if used is None:
+        pytest.skip("this redis-py gives connections no socket timeout by default")
+    too_long = ConsumerConfig(read_block_ms=int(used * 1000) + 1000)
+    with pytest.raises(ConfigurationError) as info:
+        _Consumer(target, service="svc", cluster_mode=mode, config=too_long)
+    assert info.value.field == "read_block_ms"
+    assert f"socket_timeout ({used:g}s)" in info.value.rule
