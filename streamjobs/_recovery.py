@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from . import _tracing
 from ._deadletter import DeadLetterReason, assignment_meta
 from ._redis import EntryTooLarge, RawFields, StreamGateway
+from ._session import parse_session_token
 from ._wire import Assignment, parse_assignment, parse_retry_count
 from .exceptions import InvalidAssignment
 from .metrics import MetricsRecorder, RequeueOutcome
@@ -121,8 +122,16 @@ class Recoverer:
         except InvalidAssignment as exc:
             parsed = exc
         lock_exists = False
+        dead_lock: str | None = None  # a lock naming a dead session: removed after
         if isinstance(parsed, Assignment):
-            lock_exists = await self._gw.lock_alive(parsed.stream)
+            holder = await self._gw.lock_holder(parsed.stream)
+            if holder is not None:
+                session = parse_session_token(holder)
+                lock_exists = session is None or await self._gw.session_alive(
+                    session.consumer, session.incarnation, session.service
+                )
+                if not lock_exists:
+                    dead_lock = holder
         decision = decide(
             parsed,
             lock_exists=lock_exists,
@@ -152,6 +161,7 @@ class Recoverer:
                 if new_id is None:
                     return self._count(RequeueOutcome.LOST_RACE)
                 assert isinstance(parsed, Assignment)
+                await self._drop_dead_lock(parsed.stream, dead_lock)
                 extra = self._extra(assignment_id, parsed.stream)
                 log.info(
                     "re-queued assignment %s of stream %r as %s (retry %d of %d): its "
@@ -176,7 +186,32 @@ class Recoverer:
             owner=owner,
             error=decision.error,
         )
+        if moved and isinstance(parsed, Assignment):
+            await self._drop_dead_lock(parsed.stream, dead_lock)
         return self._count(RequeueOutcome.DEAD_LETTERED if moved else RequeueOutcome.LOST_RACE)
+
+    async def _drop_dead_lock(self, stream: str, token: str | None) -> None:
+        """Remove the lock a dead session left on ``stream`` (compare-and-delete on its
+        token), once its assignment was re-queued or dead-lettered.
+
+        Under ``Liveness.SESSION`` such a lock has a TTL of ten minutes or more: left in
+        place it outlives the job (a dead-lettered poison stream kept it that long). A
+        dead session never comes back, so the token read before the move is still dead;
+        a lock another consumer took meanwhile holds another token and is left alone.
+        A failure only leaves the lock to its TTL or the next acquirer, which replaces it.
+        """
+        if token is None:
+            return
+        try:
+            await self._gw.release(stream, token, -1)
+        except Exception as exc:
+            log.warning(
+                "could not remove the dead session's lock of stream %r (%s): it expires "
+                "by itself or is replaced by the next owner",
+                stream,
+                exc,
+                extra=self._extra("", stream),
+            )
 
     async def dead_letter_unparseable(
         self, assignment_id: str, fields: RawFields, error: InvalidAssignment, *, owner: str

@@ -164,8 +164,11 @@ def test_sigstop_past_ttl_then_sigcont(
     assert_clean(sync, service, streams)
 
 
-@pytest.mark.parametrize("max_retries", [0, 2])
+@pytest.mark.parametrize(
+    ("max_retries", "liveness"), [(0, "lock"), (2, "lock"), (0, "session"), (2, "session")]
+)
 def test_poison_stream_reaches_the_dlq(
+    liveness: str,
     server: RedisServer,
     sync: SyncRedis,
     service: str,
@@ -174,7 +177,7 @@ def test_poison_stream_reaches_the_dlq(
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     stream = f"d:{uid}:poison"
-    args = [*ARGS, "--max-retries", str(max_retries)]
+    args = [*ARGS, "--max-retries", str(max_retries), "--liveness", liveness]
     fleet = worker_fleet_factory(server.url, "tests.faults.workers:PoisonWorker", args)
     dlq = f"streamjobs:{{{service}}}:dlq"
     produce(sync, service, [stream], 3, {"poison": True})
@@ -197,6 +200,9 @@ def test_poison_stream_reaches_the_dlq(
     assert fields[b"_source_stream"] == f"streamjobs:{{{service}}}:lbs".encode()
     assert deaths == max_retries + 1
     assert_clean(sync, service, [])
+    # Under SESSION the last dead owner's lock has a ten-minute TTL: the dead-lettering
+    # removes it. (The stream's entries stay pending: the job waits in the DLQ.)
+    assert not sync.exists(f"streamjobs:lock:{{{stream}}}"), "the dead owner's lock was left"
 
 
 def test_redis_restart_with_aof(

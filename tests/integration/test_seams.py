@@ -219,3 +219,45 @@ async def test_a_live_session_lock_is_alive_for_another_service(
             await eventually(lambda: _true(a.ended == [stream]), timeout_s=20)
     assert a.lost == [], "another service took a live session's lock"
     assert [n for _, _, _, n in a.handled] == [str(i) for i in range(10)]
+
+
+# -- a dead session's lock once its assignment is moved (item 13) ------------------------
+
+
+@pytest.mark.parametrize("retry_count", [0, 3], ids=["requeued", "dead_lettered"])
+async def test_recovery_removes_the_lock_of_a_dead_session(
+    redis: AsyncRedis, service: str, uid: str, retry_count: int
+) -> None:
+    """A dead session's lock has a long TTL (10 minutes or more): whatever moves its
+    assignment on removes it, so a poison stream that ends in the DLQ leaves no lock."""
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    await gw.ensure_group()
+    stream = f"d:{uid}"
+    aid = (
+        await redis.xadd(
+            keys.assignments, {"stream": stream, "info": "{}", "_retry_count": retry_count}
+        )
+    ).decode()
+    ghost = f"ghost-{uid}"
+    await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=1)
+    dead = session_token("b" * 16, ghost, service)
+    await redis.set(keys.lock(stream), dead, px=600_000)
+    recoverer = Recoverer(gw, max_retries=3, metrics=NullRecorder(), service=service)
+    outcome = await recoverer.recover(aid)
+    expected = RequeueOutcome.REQUEUED if retry_count == 0 else RequeueOutcome.DEAD_LETTERED
+    assert outcome is expected
+    assert await redis.exists(keys.lock(stream)) == 0, "the dead session's lock was left"
+
+
+async def test_recovery_leaves_a_lock_someone_took_meanwhile(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """The removal compares the token: a lock that changed hands is not touched."""
+    keys = Keys(service)
+    stream = f"d:{uid}"
+    await redis.set(keys.lock(stream), "new-owner:1", px=600_000)
+    gw = Gateway(redis, keys)
+    recoverer = Recoverer(gw, max_retries=3, metrics=NullRecorder(), service=service)
+    await recoverer._drop_dead_lock(stream, session_token("c" * 16, "ghost", service))
+    assert await redis.get(keys.lock(stream)) == b"new-owner:1"
