@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
+import anyio.to_thread
 
 from . import _tracing
 from ._backoff import Backoff
@@ -114,9 +116,11 @@ def after_failure(
 
 
 class Hooks(Protocol):
-    """The user's side of the contract (``StreamConsumer`` satisfies it)."""
+    """The user's side of the contract (``StreamConsumer`` satisfies it). ``handle`` is
+    a coroutine function or a plain function (run in a worker thread: see
+    :func:`entry_caller`)."""
 
-    async def handle(self, message: Message) -> None: ...
+    def handle(self, message: Message) -> Awaitable[None] | None: ...
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None: ...
     async def on_stream_end(self, stream: str) -> None: ...
     async def on_stream_lost(self, stream: str) -> None: ...
@@ -131,6 +135,8 @@ class Host(Protocol):
     config: ConsumerConfig
     metrics: MetricsRecorder
     hooks: Hooks
+    call_handle: Callable[[Message], Awaitable[None]]
+    """``hooks.handle`` as a coroutine function (:func:`entry_caller`)."""
     service: str
     name: str
     entry_size_hint: int
@@ -162,6 +168,54 @@ class Host(Protocol):
 
     def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``fn`` in the background, outliving the stream's own task."""
+
+
+SYNC_HANDLER_THREADS = 40
+"""Worker threads one consumer runs a plain ``def handle()`` in at most: further calls
+wait for a thread (docs/design.md#handling-entries)."""
+
+
+def handler_kind_problem(handle: Any) -> str | None:
+    """Why ``handle`` cannot be a handler (None if it can): it must be a coroutine
+    function or a plain function; a generator of either kind would never run its body
+    as a call."""
+    if inspect.isasyncgenfunction(handle):
+        return "an async generator function (it yields)"
+    if inspect.isgeneratorfunction(handle):
+        return "a generator function (it yields)"
+    if not callable(handle):
+        return f"not callable ({type(handle).__name__})"
+    return None
+
+
+def entry_caller(
+    handle: Callable[[Message], Awaitable[None] | None],
+) -> Callable[[Message], Awaitable[None]]:
+    """``handle`` as a coroutine function.
+
+    A coroutine function is returned as it is. A plain function runs in a worker thread
+    (``anyio.to_thread``, at most :data:`SYNC_HANDLER_THREADS` at once per consumer),
+    with the same retries, timeout and dead letters: its exceptions are the call's. A
+    call past ``handler_timeout_s``, or cancelled at shutdown, stops waiting for the
+    thread, which runs on until the function returns (a thread cannot be interrupted),
+    holding its slot. If the function returns an awaitable (a plain ``def`` wrapping
+    a coroutine, say), that is awaited on the event loop.
+    """
+    if inspect.iscoroutinefunction(handle):
+        return cast("Callable[[Message], Awaitable[None]]", handle)
+    limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at first use
+
+    async def call_in_thread(message: Message) -> None:
+        nonlocal limiter
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(SYNC_HANDLER_THREADS)
+        result = await anyio.to_thread.run_sync(
+            handle, message, limiter=limiter, abandon_on_cancel=True
+        )
+        if inspect.isawaitable(result):
+            await result
+
+    return call_in_thread
 
 
 async def _call_within(
@@ -566,7 +620,7 @@ class OwnedStream:
         limit (``handler_timeout_s``) or a tracer provider is configured (a CONSUMER
         span per call). Looked up once per batch."""
         host = self.host
-        call: Callable[[Message], Awaitable[None]] = host.hooks.handle
+        call: Callable[[Message], Awaitable[None]] = host.call_handle
         timeout_s = host.config.handler_timeout_s
         if timeout_s is not None:
             call = functools.partial(_call_within, call, timeout_s)

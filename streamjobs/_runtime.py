@@ -35,7 +35,7 @@ import anyio
 import anyio.abc
 
 from ._guard import LoopGuard, log_failure
-from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream
+from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream, entry_caller
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
 from ._redis import REDIS_FAILURES, Gateway, RawFields, StreamGateway, eviction_policies
@@ -87,6 +87,7 @@ class Runtime:
         metrics: MetricsRecorder,
     ) -> None:
         self.hooks = hooks
+        self.call_handle = entry_caller(hooks.handle)
         self.gateway = gateway
         self.client = client
         self.config = config

@@ -14,13 +14,14 @@ import inspect
 import os
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, final
 
 import anyio
 import anyio.abc
 
 from ._keys import Keys
+from ._ownership import handler_kind_problem
 from ._redis import Gateway
 from ._runtime import Runtime
 from ._stats import ConsumerStatistics
@@ -221,12 +222,29 @@ class StreamConsumer(abc.ABC):
 
     # -- the subclass contract -------------------------------------------------------
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        handle = cls.__dict__.get("handle")
+        problem = None if handle is None else handler_kind_problem(handle)
+        if problem is not None:
+            raise ConfigurationError(
+                "handle",
+                f"{cls.__qualname__}.handle is {problem}: define it as "
+                "'async def handle(self, message)' or a plain 'def handle(self, message)'",
+            )
+
     @abc.abstractmethod
-    async def handle(self, message: Message) -> None:
+    def handle(self, message: Message) -> Awaitable[None] | None:
         """Process one entry. Called in order within a stream, concurrently across streams.
 
-        Return to have the entry acknowledged. Raise :class:`Retry` to retry after a
-        delay, :class:`DeadLetter` to dead-letter it now, or any other exception to
+        Define it as ``async def handle(self, message)``, or as a plain
+        ``def handle(self, message)`` for blocking code: that runs in a worker thread
+        (at most 40 at once per consumer), with the same retries, timeout and dead
+        letters. A plain handler past ``handler_timeout_s`` is no longer waited for,
+        but its thread runs on until it returns.
+
+        Return to have the entry acknowledged. Raise `Retry` to retry after a
+        delay, `DeadLetter` to dead-letter it now, or any other exception to
         retry with backoff up to ``max_handler_attempts`` (then it is dead-lettered
         with reason ``handler_failed`` and the next entry follows).
         """
