@@ -1256,6 +1256,23 @@ class BlockingReader:
             return [text(name) for name in reply]
         return [text(item[0]) for item in reply or ()]
 
+    @translated
+    async def missing(self, keys: Sequence[str]) -> list[str]:
+        """Those of ``keys`` that do not exist: one ``EXISTS`` over all of them, and
+        only if some are gone, one per key (pipelined) to say which."""
+        connection = self._connection
+        assert connection is not None, "open() first"
+        if not keys:
+            return []
+        await connection.send_command("EXISTS", *keys)
+        if int(await connection.read_response()) == len(keys):
+            return []
+        await connection.send_packed_command(
+            connection.pack_commands([("EXISTS", key) for key in keys])
+        )
+        found = [int(await connection.read_response()) for _ in keys]
+        return [key for key, n in zip(keys, found, strict=True) if n == 0]
+
     async def close(self) -> None:
         connection, self._connection, self.client_id = self._connection, None, None
         if connection is not None:

@@ -50,6 +50,12 @@ SHARD_STREAMS = 1250
 MAX_SHARDS = 16
 """The most blocking reads (connections) one consumer holds for idle streams."""
 
+VANISHED_CHECK_S = 2.0
+"""How often, at most, a shard checks that its waiting streams still exist (one
+``EXISTS`` over all of them, after a read returns). A stream deleted while owned and
+idle is woken, and its fenced read ends it as ``vanished``: within about
+``read_block_ms`` plus this, not at its next re-read minutes later."""
+
 _UNBLOCK_DEBOUNCE_S = 0.002
 """Registrations arriving together are added to the next read with one unblock."""
 
@@ -104,6 +110,7 @@ class _Shard:
         self._changed = anyio.Event()
         self._nudged = anyio.Event()
         self._last_read_ok = 0.0
+        self._checked_at = 0.0  # monotonic: the last check for deleted streams
 
     @property
     def healthy(self) -> bool:
@@ -162,6 +169,9 @@ class _Shard:
                 finally:
                     self._reading = None
                 self._last_read_ok = time.monotonic()
+                if self._last_read_ok - self._checked_at >= VANISHED_CHECK_S:
+                    self._checked_at = self._last_read_ok
+                    ready = [*ready, *await reader.missing(list(self._waiting))]
                 for stream in ready:
                     entry = self._waiting.get(stream)
                     if entry is not None:

@@ -17,7 +17,7 @@ from streamjobs._recovery_loops import RecoveryLoops
 from streamjobs._redis import Gateway
 from streamjobs._session import member, session_token
 from streamjobs.exceptions import RedisUnavailable
-from streamjobs.metrics import NullRecorder, RequeueOutcome
+from streamjobs.metrics import NullRecorder, RequeueOutcome, StreamEvent
 from tests.harness.plugin import ConsumerFactory
 
 from ._helpers import Recorder, eventually
@@ -261,3 +261,32 @@ async def test_recovery_leaves_a_lock_someone_took_meanwhile(
     recoverer = Recoverer(gw, max_retries=3, metrics=NullRecorder(), service=service)
     await recoverer._drop_dead_lock(stream, session_token("c" * 16, "ghost", service))
     assert await redis.get(keys.lock(stream)) == b"new-owner:1"
+
+
+# -- a data stream deleted while owned and idle (item 9) ----------------------------------
+
+
+async def test_a_stream_deleted_while_owned_and_idle_is_released_within_seconds(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """The shared idle wait checks that its streams still exist; without that, an idle
+    stream noticed its deletion only at its safety re-read, 150 to 300 s later."""
+    stream = f"d:{uid}"
+    keys = Keys(service)
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    c = consumer_factory(Recorder, config=ConsumerConfig(read_block_ms=500))
+    async with c:
+        await eventually(lambda: _true(len(c.handled) == 1))
+        await redis.delete(stream)
+
+        async def released() -> bool:
+            pending: int = (await redis.xpending(keys.assignments, service))["pending"]
+            return pending == 0 and not await redis.exists(keys.lock(stream))
+
+        # read_block_ms + the 2 s check + a fenced read, with room for a slow machine.
+        await eventually(released, timeout_s=8)
+        assert c.statistics().stream_events.get(StreamEvent.VANISHED.value) == 1
+    assert await redis.xlen(keys.assignments) == 0
+    assert await redis.hget(keys.active, stream) is None
