@@ -1018,7 +1018,12 @@ class OwnedStream:
                 self.token,
                 retention_ms,
                 [*self.to_ack, *self._eos],
-                cancelled=self.cancel_reason is not None,
+                # A cancel, or a finish() that came before any end marker was read,
+                # skips what is left of this job (acked unhandled, the group moved to
+                # the stream's end): left in place it would be the first thing the
+                # next job of the same name reads (docs/design.md#finishing-and-hand-back).
+                cancelled=self.cancel_reason is not None
+                or (self.finish_requested and not self._eos),
             ):
                 return self._completed
             self._sealed = True

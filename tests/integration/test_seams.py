@@ -290,3 +290,36 @@ async def test_a_stream_deleted_while_owned_and_idle_is_released_within_seconds(
         assert c.statistics().stream_events.get(StreamEvent.VANISHED.value) == 1
     assert await redis.xlen(keys.assignments) == 0
     assert await redis.hget(keys.active, stream) is None
+
+
+# -- finish() and the next job of the same name (item 2) ---------------------------------
+
+
+class _FinishesEarly(Recorder):
+    async def handle(self, message: Message) -> None:
+        await super().handle(message)
+        if message.fields.get("n") == "2":
+            self.finish(message.stream)
+
+
+async def test_finish_leaves_nothing_for_the_next_job_of_the_same_name(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    stream = f"d:{uid}"
+    keys = Keys(service)
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    for i in range(10):
+        await producer.append(stream, {"n": str(i)})
+    await producer.close_stream(stream)
+    c = consumer_factory(_FinishesEarly, config=ConsumerConfig(read_block_ms=200))
+    async with c:
+        await eventually(lambda: _true(c.ended == [stream]))
+        assert [n for _, _, _, n in c.handled] == ["0", "1", "2"]
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "job2"})
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(c.ended == [stream, stream]))
+    assert [n for _, _, _, n in c.handled] == ["0", "1", "2", "job2"]
+    assert (await redis.xpending(stream, service))["pending"] == 0
+    assert await redis.exists(keys.lock(stream)) == 0
