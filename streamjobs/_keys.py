@@ -201,6 +201,13 @@ class Keys:
             return f"{self.prefix}:cancel:t:{stream}"
         return f"{self.prefix}:cancel:{{{stream}}}"
 
+    def dead_marker(self, stream: str, entry_id: str) -> str:
+        """String: the id of the dead letter written for entry ``entry_id`` of data
+        stream ``stream``, so that a crash between dead-lettering and acking the entry
+        does not write a second one when it is handled again; same slot as the
+        dead-letter stream (the service's tag comes first, whatever ``stream`` holds)."""
+        return f"{self.prefix}:{{{self.service}}}:dead:{entry_id}:{stream}"
+
     def replayed(self, stream: str, dead_letter_id: str) -> str:
         """String: the id a dead letter's replay appended to data stream ``stream``
         (``DeadLetters.replay`` keeps it a day, so a repeat appends nothing); same

@@ -34,7 +34,15 @@ from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar
 import anyio
 from redis import exceptions as rex
 
-from ._deadletter import DEAD_AT_FIELD, FIELDS_JSON_FIELD, META_FIELDS, Pairs, flatten
+from ._deadletter import (
+    DEAD_AT_FIELD,
+    FIELDS_JSON_FIELD,
+    META_FIELDS,
+    SOURCE_ID_FIELD,
+    SOURCE_STREAM_FIELD,
+    Pairs,
+    flatten,
+)
 from ._keys import Keys
 from ._scripts import MAX_COPY_VALUES, NAMES, Scripts, source
 from ._session import incarnation_of, parse_session_token
@@ -117,6 +125,10 @@ _TOO_LARGE_PREFIX = "TOOLARGE"
 _SCRIPT_NOPERM = "user executing the script can't run this command"
 
 _CURSOR_KEEP_MS = 24 * 3600 * 1000
+
+DEAD_MARKER_TTL_MS = 24 * 3600 * 1000
+"""How long a data entry's dead-letter marker is kept (``Keys.dead_marker``): far
+longer than an owner's death takes to be noticed and the entry handled again."""
 
 PLAIN_DEAD_LETTER_BYTES = 256 * 1024
 """Entries larger than this are dead-lettered by a plain XADD (in a MULTI), not by
@@ -763,14 +775,18 @@ class Gateway:
         """
         meta = [pair for pair in fields if pair[0] in META_FIELDS]
         original = [pair for pair in fields if pair[0] not in META_FIELDS]
+        found = dict(meta)
+        marker = self.keys.dead_marker(
+            found.get(SOURCE_STREAM_FIELD, ""), found.get(SOURCE_ID_FIELD, "")
+        )
         if (
             sum(len(k) + len(v) for k, v in original) > PLAIN_DEAD_LETTER_BYTES
             and 2 * (len(fields) + 1) <= self.max_copy_values
             and all(k != FIELDS_JSON_FIELD for k, _ in original)
         ):
-            return await self._dead_letter_plain(meta, original)
+            return await self._dead_letter_plain(meta, original, marker)
         r = await self.scripts.dlq_add(
-            keys=[self.dlq],
+            keys=[self.dlq, marker],
             args=[
                 self.dlq_maxlen,
                 DEAD_AT_FIELD,
@@ -779,13 +795,22 @@ class Gateway:
                 2 * len(meta),
                 *raw(flatten(meta)),
                 *raw(flatten(original)),
+                DEAD_MARKER_TTL_MS,
             ],
         )
         return text(r[0]), int(r[1])
 
-    async def _dead_letter_plain(self, meta: Pairs, original: Pairs) -> tuple[str, int]:
+    async def _dead_letter_plain(
+        self, meta: Pairs, original: Pairs, marker: str
+    ) -> tuple[str, int]:
         """``dlq_add.lua`` without the script, for a big entry: one MULTI of XLEN, XADD,
-        XLEN on the dead-letter stream, so the entry's data never passes through Lua."""
+        XLEN on the dead-letter stream, so the entry's data never passes through Lua.
+        The marker is read before and set after: unlike the script, not atomic with the
+        write, so a crash right after the MULTI, or two owners dead-lettering the same
+        big entry at once (a disowned one's call in flight), can still duplicate it."""
+        done = await self.client.get(marker)
+        if done is not None:
+            return text(done), 0
         now_ms = await self.server_time_ms()
         trim: tuple[Any, ...] = ("MAXLEN", "~", self.dlq_maxlen) if self.dlq_maxlen > 0 else ()
         flat = raw(flatten([*original, *meta, (DEAD_AT_FIELD, str(now_ms))]))
@@ -797,6 +822,7 @@ class Gateway:
             if isinstance(reply, BaseException):
                 raise translate(reply) from reply
         before, dlq_id, after = replies
+        await self.client.set(marker, dlq_id, px=DEAD_MARKER_TTL_MS)
         return text(dlq_id), int(before) + 1 - int(after)
 
     # -- locks and data streams ----------------------------------------------------

@@ -266,3 +266,37 @@ def test_expiry_lag_does_not_delay_recovery(
         assert_clean(r, service, streams)
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("liveness", ["lock", "session"])
+def test_a_kill_between_dead_letter_and_ack_leaves_one_dead_letter(
+    liveness: str,
+    server: RedisServer,
+    sync: SyncRedis,
+    service: str,
+    uid: str,
+    worker_fleet_factory: WorkerFleetFactory,
+) -> None:
+    """c0 dead-letters "bad", then is killed before its next read acks it; c1 handles
+    "bad" again and must not write a second dead letter for it."""
+    from streamjobs._wire import build_fields
+
+    stream = f"d:{uid}"
+    lbs = f"streamjobs:{{{service}}}:lbs"
+    dlq = f"streamjobs:{{{service}}}:dlq"
+    sync.xadd(lbs, build_fields(stream, {}))
+    # A first read takes one entry: "a" alone, then "bad" and "die" in one batch.
+    ids = {n: sync.xadd(stream, {"n": n}).decode() for n in ("a", "bad", "die", "z")}
+    sync.xadd(stream, {"_eos": "1"})
+    fleet = worker_fleet_factory(
+        server.url, "tests.faults.workers:RejectingWorker", [*ARGS, "--liveness", liveness]
+    )
+    c0 = fleet.start("c0")
+    wait_for(lambda: not c0.alive(), 30, "c0 to die on 'die'")
+    assert sync.xlen(dlq) == 1
+    assert sync.xpending(stream, service)["pending"] >= 2, "'bad' was acked before the kill"
+    fleet.start("c1")
+    wait_for(lambda: sync.xlen(lbs) == 0, 30, "c1 to finish the stream")
+    letters = list(sync.xrange(dlq) or [])
+    assert [f[b"_source_id"].decode() for _, f in letters] == [ids["bad"]], letters
+    assert_clean(sync, service, [stream])

@@ -13,7 +13,7 @@ import time
 
 import anyio
 
-from streamjobs import Message, StreamConsumer
+from streamjobs import DeadLetter, Message, StreamConsumer
 
 
 def log_key(service: str) -> str:
@@ -47,4 +47,18 @@ class AnnouncingWorker(RecordingWorker):
 
     async def handle(self, message: Message) -> None:
         await self.redis.rpush(begun_key(self.service), message.id)
+        await super().handle(message)
+
+
+class RejectingWorker(RecordingWorker):
+    """Dead-letters entries ``n == "bad"`` (``DeadLetter``); the consumer named ``c0``
+    dies hard on ``n == "die"``, which comes in the same batch: the dead letter of
+    "bad" is then written and the entry itself not acked yet."""
+
+    async def handle(self, message: Message) -> None:
+        n = message.fields.get("n")
+        if n == "bad":
+            raise DeadLetter("rejected by the handler")
+        if n == "die" and self.consumer_name == "c0":
+            os.kill(os.getpid(), signal.SIGKILL)
         await super().handle(message)
