@@ -71,7 +71,11 @@ def add_commands(sub: Any, env_var: str, default_url: str) -> None:
         q = dsub.add_parser(name, help=text)
         add_connection_args(q, env_var, default_url)
         q.add_argument("ids", nargs="*", metavar="ID", help="dead-letter ids (else: the filters)")
-        q.add_argument("--reason", default=None, help="only this _dlq_reason")
+        q.add_argument(
+            "--reason",
+            default=None,
+            help="only this _dlq_reason, or dead letters a handler rejected with this text",
+        )
         q.add_argument("--source-stream", default=None, help="only from this stream")
         q.add_argument("--older-than", type=float, default=None, metavar="SECONDS")
         q.add_argument("--newer-than", type=float, default=None, metavar="SECONDS")

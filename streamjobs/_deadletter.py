@@ -15,6 +15,7 @@ _owner         the consumer that last held it, when known
 _error         exception type and message, truncated to ``ERROR_MAX_CHARS``
 _attempts      data entries only: ``handle()`` calls made before giving up
 _dead_at_ms    server time of the move, milliseconds (added by the script)
+_rejected      data entries whose handler raised ``DeadLetter``: the reason it gave
 ============== ===================================================================
 
 An assignment dead letter (reasons ``max_retries_exceeded``, ``unparseable``,
@@ -47,6 +48,7 @@ ERROR_FIELD = "_error"
 ATTEMPTS_FIELD = "_attempts"
 DEAD_AT_FIELD = "_dead_at_ms"
 FIELDS_JSON_FIELD = "_fields_json"
+REJECTED_FIELD = "_rejected"
 """Carries the original fields of a dead letter too large to copy field by field.
 
 Not a metadata field: an original field of this name is kept (the dead letter then
@@ -60,6 +62,7 @@ META_FIELDS = (
     ERROR_FIELD,
     ATTEMPTS_FIELD,
     DEAD_AT_FIELD,
+    REJECTED_FIELD,
 )
 """Every metadata field; an original field of the same name is replaced."""
 
@@ -76,7 +79,12 @@ class DeadLetterReason(enum.Enum):
     UNPARSEABLE = "unparseable"
     """An assignment entry that cannot be parsed."""
     HANDLER_FAILED = "handler_failed"
-    """A data entry whose handler kept failing, or raised ``DeadLetter``."""
+    """A data entry whose handler kept failing (``max_handler_attempts``)."""
+    REJECTED = "rejected"
+    """A data entry whose handler raised ``DeadLetter``; the reason it gave is in
+    ``_rejected`` (:attr:`DeadLetterRecord.rejected`), findable with
+    ``DeadLetterFilter(reason=<that text>)``. A fixed value, so metric labels stay
+    bounded whatever the handlers say."""
     TOO_LARGE = "too_large"
     """An assignment to re-queue with too many fields for a script to copy."""
     UNUSABLE_STREAM = "unusable_stream"
@@ -143,11 +151,16 @@ def entry_dead_letter(
     attempts: int,
     owner: str,
     error: str,
+    rejected: str | None = None,
 ) -> Pairs:
-    """Every field of a data entry's dead letter but ``_dead_at_ms`` (the script's)."""
+    """Every field of a data entry's dead letter but ``_dead_at_ms`` (the script's).
+
+    ``rejected``: the reason the handler gave with ``DeadLetter`` (then the reason is
+    ``rejected``); None when it kept failing (``handler_failed``).
+    """
     out = [(k, v) for k, v in fields.items() if k not in META_FIELDS]
     out += _meta(
-        DeadLetterReason.HANDLER_FAILED,
+        DeadLetterReason.HANDLER_FAILED if rejected is None else DeadLetterReason.REJECTED,
         retry_count=retry_count,
         source_stream=stream,
         source_id=entry_id,
@@ -155,6 +168,8 @@ def entry_dead_letter(
         error=error,
     )
     out.append((ATTEMPTS_FIELD, str(attempts)))
+    if rejected is not None:
+        out.append((REJECTED_FIELD, rejected[:ERROR_MAX_CHARS]))
     return out
 
 
@@ -174,6 +189,8 @@ class DeadLetterRecord:
         dead_at_ms: server time of the move; None if missing.
         fields: the original entry's fields, without the metadata (read from
             ``_fields_json`` when the dead letter carries them there).
+        rejected: the reason a handler gave with ``DeadLetter`` (reason
+            ``rejected``); '' otherwise.
     """
 
     id: str
@@ -186,6 +203,7 @@ class DeadLetterRecord:
     attempts: int | None
     dead_at_ms: int | None
     fields: Mapping[str, str]
+    rejected: str = ""
 
     @property
     def is_assignment(self) -> bool:
@@ -246,6 +264,7 @@ def parse_dead_letter(entry_id: str, fields: Mapping[str, str]) -> DeadLetterRec
         attempts=_int_or_none(fields.get(ATTEMPTS_FIELD)),
         dead_at_ms=_int_or_none(fields.get(DEAD_AT_FIELD)),
         fields=_original_fields(fields),
+        rejected=fields.get(REJECTED_FIELD, ""),
     )
 
 

@@ -81,9 +81,13 @@ class RetryAfter:
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """Dead-letter the entry with ``error`` as its ``_error``, then go on."""
+    """Dead-letter the entry with ``error`` as its ``_error``, then go on.
+
+    ``rejected`` is the handler's own reason when it raised ``DeadLetter`` (the dead
+    letter's reason is then ``rejected``), None when it kept failing."""
 
     error: str
+    rejected: str | None = None
 
 
 def after_failure(
@@ -103,7 +107,7 @@ def after_failure(
       ``backoff_max_s``.
     """
     if isinstance(error, DeadLetter):
-        return GiveUp(f"DeadLetter: {error.reason}")
+        return GiveUp(f"DeadLetter: {error.reason}", rejected=error.reason)
     if attempt >= max_attempts:
         return GiveUp(describe_error(error))
     if isinstance(error, Retry):
@@ -752,7 +756,9 @@ class OwnedStream:
                     attempt,
                     step.error,
                 )
-                if not await self._dead_letter(entry_id, fields, attempt, step.error):
+                if not await self._dead_letter(
+                    entry_id, fields, attempt, step.error, step.rejected
+                ):
                     return False
                 self._count_one(EntryOutcome.DEAD_LETTERED, started)
                 return True
@@ -773,10 +779,19 @@ class OwnedStream:
         self.host.metrics.entries_handled(self.host.service, outcome, (elapsed,))
 
     async def _dead_letter(
-        self, entry_id: str, fields: dict[str, str], attempts: int, error: str
+        self,
+        entry_id: str,
+        fields: dict[str, str],
+        attempts: int,
+        error: str,
+        rejected: str | None = None,
     ) -> bool:
-        """Append a dead letter for a data entry; True once it is written."""
+        """Append a dead letter for a data entry; True once it is written.
+
+        ``rejected``: the reason the handler gave with ``DeadLetter`` (reason
+        ``rejected``), or None (``handler_failed``)."""
         host = self.host
+        reason = DeadLetterReason.HANDLER_FAILED if rejected is None else DeadLetterReason.REJECTED
         letter = entry_dead_letter(
             fields,
             stream=self.stream,
@@ -785,6 +800,7 @@ class OwnedStream:
             attempts=attempts,
             owner=host.name,
             error=error,
+            rejected=rejected,
         )
         backoff = Backoff()
         while True:
@@ -797,10 +813,10 @@ class OwnedStream:
                 if not await self._pause(delay):
                     return False
                 continue
-            host.metrics.dead_lettered(host.service, DeadLetterReason.HANDLER_FAILED)
+            host.metrics.dead_lettered(host.service, reason)
             _tracing.mark(
                 "streamjobs.dead_letter",
-                {**self.log_extra(), "entry_id": entry_id, "reason": "handler_failed"},
+                {**self.log_extra(), "entry_id": entry_id, "reason": reason.value},
                 parent=fields,
             )
             if trimmed > 0:

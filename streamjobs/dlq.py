@@ -32,6 +32,7 @@ place, never lost.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
 import re
 import time
@@ -76,7 +77,9 @@ class DeadLetterFilter:
     """Which dead letters: every condition given must hold.
 
     Attributes:
-        reason: a :class:`DeadLetterReason` (or its value).
+        reason: a :class:`DeadLetterReason` (or its value), or any other text: the
+            reason a handler gave with ``DeadLetter(reason=...)``, matched exactly
+            against :attr:`DeadLetterRecord.rejected`.
         source_stream: the stream it came from (the assignment stream for assignments).
         older_than_s: dead-lettered at least this long ago.
         newer_than_s: dead-lettered at most this long ago.
@@ -94,13 +97,15 @@ class DeadLetterFilter:
 
     def __post_init__(self) -> None:
         if self.reason is not None and not isinstance(self.reason, DeadLetterReason):
-            try:
-                object.__setattr__(self, "reason", DeadLetterReason(self.reason))
-            except ValueError:
+            if not isinstance(self.reason, str) or not self.reason:
                 known = ", ".join(r.value for r in DeadLetterReason)
                 raise ConfigurationError(
-                    "reason", f"{self.reason!r} is not one of {known}"
-                ) from None
+                    "reason",
+                    f"must be one of {known}, or a handler's DeadLetter reason (a "
+                    f"non-empty str), got {self.reason!r}",
+                )
+            with contextlib.suppress(ValueError):  # else: a handler's own text
+                object.__setattr__(self, "reason", DeadLetterReason(self.reason))
         for name in ("older_than_s", "newer_than_s"):
             value = getattr(self, name)
             if value is not None and (
@@ -116,7 +121,12 @@ class DeadLetterFilter:
             raise ConfigurationError("limit", f"must be an int >= 1, got {self.limit!r}")
 
     def matches(self, record: DeadLetterRecord) -> bool:
-        if self.reason is not None and record.reason is not self.reason:
+        if isinstance(self.reason, DeadLetterReason):
+            if record.reason is not self.reason:
+                return False
+        elif self.reason is not None and (
+            record.reason is not DeadLetterReason.REJECTED or record.rejected != self.reason
+        ):
             return False
         return self.source_stream is None or record.source_stream == self.source_stream
 

@@ -97,10 +97,13 @@ async def main(url: str) -> int:
             await until("3 handled, 2 dead-lettered", first_run_done)
 
             print(f"2. inspect: {await letters.length()} dead letter(s) in {letters.stream}")
-            print(f"   $ {cli.format('list')} --reason handler_failed")
-            records = await letters.list(reason=DeadLetterReason.HANDLER_FAILED)
+            print(f"   $ {cli.format('list')} --reason rejected")
+            records = await letters.list(reason=DeadLetterReason.REJECTED)
             for r in records:
-                print(f"   {r.id}  {r.fields['invoice']}  {r.error}")
+                print(f"   {r.id}  {r.fields['invoice']}  {r.rejected}")
+            print(f"   $ {cli.format('list')} --reason 'unsupported currency CHF'")
+            chf = await letters.list(reason="unsupported currency CHF")
+            print(f"   {len(chf)} rejected for that reason")
             print(f"   $ {cli.format('show')} {records[0].id}")
             first = await letters.get(records[0].id)
             assert first is not None
@@ -112,11 +115,11 @@ async def main(url: str) -> int:
 
             print("3. fix the handler, replay, close the stream")
             consumer.currencies.add("CHF")
-            selection = DeadLetterFilter(reason="handler_failed", source_stream=stream)
-            print(f"   $ {cli.format('replay')} --reason handler_failed --dry-run")
+            selection = DeadLetterFilter(reason="rejected", source_stream=stream)
+            print(f"   $ {cli.format('replay')} --reason rejected --dry-run")
             dry = await letters.replay(selection, dry_run=True)
             print(f"   would replay {len(dry.replayed)}; nothing changed yet")
-            print(f"   $ {cli.format('replay')} --reason handler_failed")
+            print(f"   $ {cli.format('replay')} --reason rejected")
             report = await letters.replay(selection)
             for done in report.replayed:
                 print(f"   {done.dead_letter_id} -> {done.target} {done.new_id}")

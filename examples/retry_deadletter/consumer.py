@@ -8,7 +8,8 @@ One stream of four payments goes through a handler that:
 * raises ``Retry(delay_s=0.2)`` for ``flaky`` until its third attempt, which succeeds;
 * raises ``DeadLetter(reason=...)`` for ``invalid``: dead-lettered at once, no retry;
 * raises ``RuntimeError`` for ``broken`` every time: retried with backoff, then
-  dead-lettered (``handler_failed``) after ``max_handler_attempts``.
+  dead-lettered (``handler_failed``) after ``max_handler_attempts``; a ``DeadLetter``
+  is reason ``rejected``, its text kept in ``_rejected``.
 
 Then it prints the dead-letter stream through ``DeadLetters``. Within a stream entries
 stay in order: each retry holds the stream until the entry is done, and after a dead

@@ -160,9 +160,9 @@ def test_retry_deadletter_example_dead_letters_two(redis_url: str) -> None:
     attempts = [sum(1 for line in lines if line.startswith(f"{p} (")) for p in payments]
     assert attempts == [1, 3, 1, 4]  # p2: Retry twice, then done; p4: max_handler_attempts
     assert "handled: p1, p2" in lines
-    dead = [line for line in lines if "reason=handler_failed" in line]
+    dead = [line for line in lines if "reason=" in line]
     assert [d.split()[1:] for d in dead] == [
-        ["p3", "reason=handler_failed", "attempts=1"],
+        ["p3", "reason=rejected", "attempts=1"],
         ["p4", "reason=handler_failed", "attempts=4"],
     ]
     assert "error: DeadLetter: amount must be positive, got -5" in lines
@@ -179,12 +179,14 @@ def test_dlq_example_replays_after_the_fix(redis_url: str) -> None:
     assert handled == ["inv-1", "inv-3", "inv-5", "inv-2", "inv-4"]  # replays at the tail
     # The CLI equivalents it prints name the service and the options the CLI has.
     for command in (
-        f"$ streamjobs dlq list --service {service} --reason handler_failed",
-        f"$ streamjobs dlq replay --service {service} --reason handler_failed --dry-run",
+        f"$ streamjobs dlq list --service {service} --reason rejected",
+        f"$ streamjobs dlq list --service {service} --reason 'unsupported currency CHF'",
+        f"$ streamjobs dlq replay --service {service} --reason rejected --dry-run",
         f"$ streamjobs dlq list --service {service} --source-stream {service}:invoices --limit 1",
     ):
         assert command in r.stdout
     assert "would replay 2; nothing changed yet" in r.stdout
+    assert "2 rejected for that reason" in r.stdout
     assert keys_left(redis_url, service) == []
 
 

@@ -133,7 +133,7 @@ async def test_status_dlq_and_prune_on_a_live_scenario(
         [orphan] = view["pending"]
         assert (orphan["stream"], orphan["consumer"]) == (names["orphan"], "dead-consumer")
         assert view["dlq"]["length"] == 2
-        assert view["dlq"]["by_reason"] == {"max_retries_exceeded": 1, "handler_failed": 1}
+        assert view["dlq"]["by_reason"] == {"max_retries_exceeded": 1, "rejected": 1}
 
         human = await cli(url, "status", "--service", service, *flags)
         assert human.returncode == 0, human.stderr
@@ -144,18 +144,27 @@ async def test_status_dlq_and_prune_on_a_live_scenario(
         listed = await cli(url, "dlq", "list", "--service", service, "--json", *flags)
         assert listed.returncode == 0, listed.stderr
         records = json.loads(listed.stdout)
-        assert sorted(r["reason"] for r in records) == ["handler_failed", "max_retries_exceeded"]
+        assert sorted(r["reason"] for r in records) == ["max_retries_exceeded", "rejected"]
         entry = next(r for r in records if r["kind"] == "entry")
         assert entry["fields"] == {"n": "bad"}
         assert entry["source_stream"] == names["owned"]
 
         only = await cli(
-            url, "dlq", "list", "--service", service, "--reason", "handler_failed", "--json",
+            url, "dlq", "list", "--service", service, "--reason", "rejected", "--json",
             *flags,
         )  # fmt: skip
         assert [r["id"] for r in json.loads(only.stdout)] == [entry["id"]]
 
-        bad = await cli(url, "dlq", "list", "--service", service, "--reason", "nope", *flags)
+        # Any other text is a handler's DeadLetter reason: none matches "nope".
+        nope = await cli(url, "dlq", "list", "--service", service, "--reason", "nope", *flags)
+        assert nope.returncode == 0, nope.stderr
+        assert "0 dead letter(s)" in nope.stdout
+        refused = await cli(
+            url, "dlq", "list", "--service", service, "--reason", "refused by the test",
+            "--json", *flags,
+        )  # fmt: skip
+        assert [r["id"] for r in json.loads(refused.stdout)] == [entry["id"]]
+        bad = await cli(url, "dlq", "list", "--service", service, "--reason", "", *flags)
         assert bad.returncode == 2
         assert bad.stderr.strip().splitlines() == [bad.stderr.strip()], "one line, no traceback"
         assert "reason" in bad.stderr

@@ -99,7 +99,7 @@ async def test_metrics_follow_a_dead_letter_a_recovery_and_a_hand_back(
     assert value(registry, handling, outcome="dead_lettered", **s) == 2
     assert value(registry, handling, outcome="retried", **s) == 0
     assert value(registry, "streamjobs_handler_failures_total", **s) == 2
-    assert value(registry, "streamjobs_dead_letters_total", reason="handler_failed", **s) == 2
+    assert value(registry, "streamjobs_dead_letters_total", reason="rejected", **s) == 2
     assert value(registry, "streamjobs_recoveries_total", outcome="requeued", **s) >= 1
     # The dead consumer's stream was resumed here: one recovery latency observed.
     assert value(registry, "streamjobs_recovery_latency_seconds_count", **s) >= 1
@@ -109,7 +109,7 @@ async def test_metrics_follow_a_dead_letter_a_recovery_and_a_hand_back(
     assert value(registry, "streamjobs_stream_events_total", event="handed_back", **s) == 1
     assert value(registry, "streamjobs_owned_streams", **s) == 0
     exposition = generate_latest(registry).decode()
-    assert f'streamjobs_dead_letters_total{{reason="handler_failed",service="{service}"}} 2.0' in (
+    assert f'streamjobs_dead_letters_total{{reason="rejected",service="{service}"}} 2.0' in (
         exposition
     )
     assert uid not in exposition.replace(service, ""), "a stream name leaked into a label"

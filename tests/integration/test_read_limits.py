@@ -268,6 +268,6 @@ async def test_a_big_entry_is_dead_lettered_whole_without_a_script(
     fields = letters[0][1]
     assert fields[b"blob"] == blob
     assert fields[b"n"] == b"0"
-    assert fields[b"_dlq_reason"] == b"handler_failed"
+    assert fields[b"_dlq_reason"] == b"rejected"
     commands = [_text(e["command"]).split(" ", 2)[:2] for e in log]
     assert ["XADD", dlq] in commands, "the dead letter was not a plain XADD"

@@ -72,7 +72,7 @@ async def test_a_resp3_client_runs_everything(
 
             await eventually(all_ended, timeout_s=30)
             overview = await Inspector(client, service=service).overview()
-            assert overview.dlq.by_reason == {"handler_failed": 3}
+            assert overview.dlq.by_reason == {"rejected": 3}
             assert [c.name for c in overview.consumers if c.alive] == [consumer.consumer_name]
         assert sorted(h[3] for h in consumer.handled) == ["0", "0", "0", "bad", "bad", "bad"]
         letters = DeadLetters(client, service=service)

@@ -182,3 +182,35 @@ def test_a_carrier_nested_too_deep_for_the_json_parser_is_an_ordinary_field() ->
     deep = "[" * 100_000 + "]" * 100_000
     record = parse_dead_letter("1-0", {FIELDS_JSON_FIELD: deep})
     assert record.fields == {FIELDS_JSON_FIELD: deep}
+
+
+def test_a_handlers_reason_is_kept_and_found_by_its_text() -> None:
+    from streamjobs import DeadLetterFilter
+    from streamjobs._deadletter import entry_dead_letter as build
+
+    letter = build(
+        {"n": "1"},
+        stream="s",
+        entry_id="1-1",
+        retry_count=0,
+        attempts=1,
+        owner="c",
+        error="DeadLetter: invalid order",
+        rejected="invalid order",
+    )
+    record = parse_dead_letter("9-9", dict(letter))
+    assert record.reason is DeadLetterReason.REJECTED
+    assert record.rejected == "invalid order"
+    assert record.fields == {"n": "1"}
+    assert DeadLetterFilter(reason="invalid order").matches(record)
+    assert DeadLetterFilter(reason="rejected").matches(record)
+    assert not DeadLetterFilter(reason="other text").matches(record)
+    assert not DeadLetterFilter(reason="handler_failed").matches(record)
+    failed = parse_dead_letter(
+        "9-8",
+        dict(
+            build({}, stream="s", entry_id="1-2", retry_count=0, attempts=3, owner="c", error="e")
+        ),
+    )
+    assert failed.reason is DeadLetterReason.HANDLER_FAILED
+    assert not DeadLetterFilter(reason="invalid order").matches(failed)

@@ -23,10 +23,15 @@ def decide(error: BaseException, attempt: int, max_attempts: int = 3) -> RetryAf
     ("error", "attempt", "max_attempts", "expected"),
     [
         # DeadLetter gives up at any attempt, with its reason.
-        (DeadLetter("bad input"), 1, 3, GiveUp("DeadLetter: bad input")),
-        (DeadLetter("bad input"), 3, 3, GiveUp("DeadLetter: bad input")),
-        (DeadLetter("late"), 9, 3, GiveUp("DeadLetter: late")),
-        (DeadLetter(), 1, 3, GiveUp("DeadLetter: dead-lettered by handler")),
+        (DeadLetter("bad input"), 1, 3, GiveUp("DeadLetter: bad input", "bad input")),
+        (DeadLetter("bad input"), 3, 3, GiveUp("DeadLetter: bad input", "bad input")),
+        (DeadLetter("late"), 9, 3, GiveUp("DeadLetter: late", "late")),
+        (
+            DeadLetter(),
+            1,
+            3,
+            GiveUp("DeadLetter: dead-lettered by handler", "dead-lettered by handler"),
+        ),
         # Retry waits its own delay (not capped by the backoff cap) while attempts remain.
         (Retry(0.5), 1, 3, RetryAfter(0.5)),
         (Retry(), 2, 3, RetryAfter(0.0)),

@@ -201,7 +201,8 @@ async def test_dead_letter_directive_gives_up_at_once(fake: FakeGateway) -> None
     assert hooks.attempts() == [(ids[0], 1), (ids[1], 1)]
     [(dl_id, fields)] = fake.dead_letters
     record = parse_dead_letter(dl_id, fields)
-    assert record.reason is DeadLetterReason.HANDLER_FAILED
+    assert record.reason is DeadLetterReason.REJECTED
+    assert record.rejected == "bad input"
     assert (record.source_id, record.attempts) == (ids[0], 1)
     assert record.error == "DeadLetter: bad input"
 
