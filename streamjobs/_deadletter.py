@@ -16,6 +16,7 @@ _error         exception type and message, truncated to ``ERROR_MAX_CHARS``
 _attempts      data entries only: ``handle()`` calls made before giving up
 _dead_at_ms    server time of the move, milliseconds (added by the script)
 _rejected      data entries whose handler raised ``DeadLetter``: the reason it gave
+_job_info      data entries: the ``info`` of the job (assignment) it belonged to, JSON
 ============== ===================================================================
 
 An assignment dead letter (reasons ``max_retries_exceeded``, ``unparseable``,
@@ -36,7 +37,8 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ._wire import RETRY_FIELD
 
@@ -49,6 +51,7 @@ ATTEMPTS_FIELD = "_attempts"
 DEAD_AT_FIELD = "_dead_at_ms"
 FIELDS_JSON_FIELD = "_fields_json"
 REJECTED_FIELD = "_rejected"
+JOB_INFO_FIELD = "_job_info"
 """Carries the original fields of a dead letter too large to copy field by field.
 
 Not a metadata field: an original field of this name is kept (the dead letter then
@@ -63,6 +66,7 @@ META_FIELDS = (
     ATTEMPTS_FIELD,
     DEAD_AT_FIELD,
     REJECTED_FIELD,
+    JOB_INFO_FIELD,
 )
 """Every metadata field; an original field of the same name is replaced."""
 
@@ -152,11 +156,13 @@ def entry_dead_letter(
     owner: str,
     error: str,
     rejected: str | None = None,
+    info: Mapping[str, Any] | None = None,
 ) -> Pairs:
     """Every field of a data entry's dead letter but ``_dead_at_ms`` (the script's).
 
     ``rejected``: the reason the handler gave with ``DeadLetter`` (then the reason is
-    ``rejected``); None when it kept failing (``handler_failed``).
+    ``rejected``); None when it kept failing (``handler_failed``). ``info``: the job's
+    ``info``, kept so that a replay that starts a new job gives it the same.
     """
     out = [(k, v) for k, v in fields.items() if k not in META_FIELDS]
     out += _meta(
@@ -170,6 +176,8 @@ def entry_dead_letter(
     out.append((ATTEMPTS_FIELD, str(attempts)))
     if rejected is not None:
         out.append((REJECTED_FIELD, rejected[:ERROR_MAX_CHARS]))
+    if info:
+        out.append((JOB_INFO_FIELD, json.dumps(dict(info), separators=(",", ":"))))
     return out
 
 
@@ -191,6 +199,7 @@ class DeadLetterRecord:
             ``_fields_json`` when the dead letter carries them there).
         rejected: the reason a handler gave with ``DeadLetter`` (reason
             ``rejected``); '' otherwise.
+        info: a data entry's job ``info`` ({} if none, or unreadable).
     """
 
     id: str
@@ -204,6 +213,7 @@ class DeadLetterRecord:
     dead_at_ms: int | None
     fields: Mapping[str, str]
     rejected: str = ""
+    info: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def is_assignment(self) -> bool:
@@ -265,7 +275,18 @@ def parse_dead_letter(entry_id: str, fields: Mapping[str, str]) -> DeadLetterRec
         dead_at_ms=_int_or_none(fields.get(DEAD_AT_FIELD)),
         fields=_original_fields(fields),
         rejected=fields.get(REJECTED_FIELD, ""),
+        info=_job_info(fields.get(JOB_INFO_FIELD)),
     )
+
+
+def _job_info(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def flatten(pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -801,6 +801,7 @@ class OwnedStream:
             owner=host.name,
             error=error,
             rejected=rejected,
+            info=self.assignment.info,
         )
         backoff = Backoff()
         while True:

@@ -30,6 +30,10 @@ GO_FIELD = "lbs-input"
 EOS_FIELD = "_eos"
 EOS_VALUE = "1"
 CANCEL_FIELD = "_cancel"
+REPLAYED_FROM_FIELD = "_replayed_from"
+"""Data entries put back by a DLQ replay: the id the entry had when it was first
+dead-lettered (kept across repeated replays), for handlers to key idempotency on
+(``Message.replayed_from``)."""
 """On an end marker written by ``Producer.cancel_stream``: the reason (the stream was
 cancelled, not finished)."""
 QUOTE_MAX_CHARS = 200

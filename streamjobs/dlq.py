@@ -49,6 +49,7 @@ from ._scripts import MAX_COPY_VALUES
 from ._wire import (
     FIRST_ID_FIELD,
     LOST_AT_FIELD,
+    REPLAYED_FROM_FIELD,
     RETRY_FIELD,
     build_fields,
     parse_assignment,
@@ -335,7 +336,7 @@ class DeadLetters:
         self._keys.check_data_stream(stream)
         if not record.fields:
             raise _CannotReplay("it carries no fields")
-        if 2 * len(record.fields) > MAX_COPY_VALUES:
+        if 2 * len(record.fields) + 2 > MAX_COPY_VALUES:  # + _replayed_from
             raise _CannotReplay(f"{len(record.fields)} fields: too many for one script call")
         return stream
 
@@ -377,7 +378,7 @@ class DeadLetters:
             _Busy: the stream's job stayed past its end marker for :data:`BUSY_WAIT_S`.
         """
         gw = self._gw
-        letters = [(r.id, list(r.fields.items())) for r in batch]
+        letters = [(r.id, _replay_fields(r)) for r in batch]
         deadline = time.monotonic() + BUSY_WAIT_S
         delay = 0.02
         close = not await self._job_queued(stream)
@@ -391,7 +392,9 @@ class DeadLetters:
                 # An unread end marker follows them: the queued job (if any) reads them,
                 # else a new one. Its _first_id is theirs, so a job queued just after
                 # another read them finds their end marker and completes at once.
-                fields = {**build_fields(stream, {}), FIRST_ID_FIELD: put.ids[0]}
+                # The new job gets the info of the job the entries belonged to.
+                info = next((r.info for r in batch if r.info), {})
+                fields = {**build_fields(stream, info), FIRST_ID_FIELD: put.ids[0]}
                 _, created = await gw.add_assignment(stream, fields)
                 if created:
                     await gw.clear_retention(stream)
@@ -458,6 +461,14 @@ class _Busy(Exception):
 _ID = re.compile(r"[0-9]+-[0-9]+")
 
 
+def _replay_fields(record: DeadLetterRecord) -> builtins.list[tuple[str, str]]:
+    """A dead data entry's fields as a replay appends them: with ``_replayed_from``, the
+    id it had when first dead-lettered (a replayed entry dead-lettered again keeps it)."""
+    fields = dict(record.fields)
+    fields[REPLAYED_FROM_FIELD] = fields.get(REPLAYED_FROM_FIELD) or record.source_id
+    return list(fields.items())
+
+
 def _batches(
     records: builtins.list[DeadLetterRecord],
 ) -> builtins.list[builtins.list[DeadLetterRecord]]:
@@ -466,7 +477,7 @@ def _batches(
     out: builtins.list[builtins.list[DeadLetterRecord]] = []
     values = 0
     for record in records:
-        size = 2 * len(record.fields)
+        size = 2 * len(record.fields) + 2  # + _replayed_from
         if not out or len(out[-1]) >= REPLAY_BATCH or values + size > REPLAY_BATCH_VALUES:
             out.append([])
             values = 0

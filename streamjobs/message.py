@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ._wire import REPLAYED_FROM_FIELD
+
 
 class Message(NamedTuple):
     """One data-stream entry, as handed to ``handle()``. Immutable.
@@ -27,3 +29,12 @@ class Message(NamedTuple):
     fields: Mapping[str, str]
     info: Mapping[str, Any]
     attempt: int = 1
+
+    @property
+    def replayed_from(self) -> str | None:
+        """For an entry put back by a dead-letter replay (``DeadLetters.replay``,
+        ``streamjobs dlq replay``): the id it had in this stream when it was first
+        dead-lettered, the same across repeated replays; None for any other entry. Key
+        a handler's idempotency on ``message.replayed_from or message.id``. (It is also
+        in ``fields``, as ``_replayed_from``.)"""
+        return self.fields.get(REPLAYED_FROM_FIELD)

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster
 
 from streamjobs import (
@@ -284,6 +285,15 @@ class RefusesBad(Recorder):
         await super().handle(message)
 
 
+async def contents(redis: AsyncRedis, stream: str) -> list[dict[Any, Any]]:
+    """The fields of every entry of ``stream``, without the ``_replayed_from`` a replay
+    adds (tests/integration/test_replay_origin.py checks that one)."""
+    return [
+        {k: v for k, v in f.items() if k != b"_replayed_from"}
+        for _, f in await redis.xrange(stream)
+    ]
+
+
 def retained(ttl_s: float | None) -> ConsumerConfig:
     return ConsumerConfig(max_handler_attempts=1, read_block_ms=100, finished_stream_ttl_s=ttl_s)
 
@@ -395,7 +405,7 @@ async def test_dead_letters_of_a_finished_stream_replayed_one_call_each(
     assert [len(r.replayed) for r in reports] == [1] * count
     # The first starts a new job; the next ones join it, before its end marker.
     assert [r.replayed[0].reassigned for r in reports] == [True] + [False] * (count - 1)
-    fields = [f for _, f in await redis.xrange(stream)]
+    fields = await contents(redis, stream)
     assert [f.get(b"n") for f in fields[-(count + 1) : -1]] == [
         f"bad{i}".encode() for i in range(count)
     ]
@@ -485,7 +495,7 @@ async def test_a_replay_into_a_running_stream_closed_by_its_producer(
                 tg.start_soon(later, 0.5, release.set)
             report = await letters.replay(DeadLetterFilter(source_stream=stream))
         assert [r.reassigned for r in report.replayed] == [batch > 1]
-        fields = [f for _, f in await redis.xrange(stream)]
+        fields = await contents(redis, stream)
         assert fields[-2:] == [{b"n": b"bad"}, {b"_eos": b"1"}]
         assert sum(1 for f in fields if b"_eos" in f) == (1 if batch == 1 else 2)
         release.set()
@@ -554,7 +564,7 @@ async def test_a_replay_waits_for_a_job_past_its_end_marker(
         tg.start_soon(that_job_finishes)
         report = await letters.replay([dead_letter_id])
     assert [r.reassigned for r in report.replayed] == [True], report
-    fields = [f for _, f in await redis.xrange(stream)]
+    fields = await contents(redis, stream)
     assert fields[-2:] == [{b"n": b"bad0"}, {b"_eos": b"1"}], "after that job's end"
     await run_to_the_end(consumer_factory, stream, ["bad0"], None)
     await assert_finished(redis, service, stream, None)
@@ -581,7 +591,7 @@ async def test_a_queued_job_that_finishes_before_the_append_is_noticed(
     report = await letters.replay(ids)
     assert looks == [False, False], "looked before and after"
     assert [r.reassigned for r in report.replayed] == [True, True]
-    fields = [f for _, f in await redis.xrange(stream)]
+    fields = await contents(redis, stream)
     assert fields == [{b"n": b"bad0"}, {b"n": b"bad1"}, {b"_eos": b"1"}]
     await run_to_the_end(consumer_factory, stream, ["bad0", "bad1"], 0)
     await assert_finished(redis, service, stream, 0)
