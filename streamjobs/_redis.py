@@ -176,12 +176,36 @@ _HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+async def _initialized(target: Any) -> None:
+    """Initialize a cluster client that has no default node (no slot table) yet.
+
+    Works around redis-py's asyncio ``RedisCluster.execute_command`` (seen in 8.1),
+    which picks a command's route *before* it initializes the client: while
+    ``get_default_node()`` is None (a fresh client, or one that closed itself to
+    reinitialize) a command its policy table does not know (EVALSHA, PERSIST, XADD,
+    ...) gets the keyless policy and goes to a random primary, which answers MOVED.
+    Every ``reinitialize_steps``-th (5th) MOVED, ``_execute_command`` calls
+    ``RedisCluster.aclose()``, and ``ClusterNode.disconnect()`` closes every
+    connection of every node, in use or not: a connection another task is still
+    opening then fails in ``on_connect`` with ``AttributeError: 'NoneType' object
+    has no attribute 'writelines'``, which redis-py does not retry (issue 21: about
+    one producer call in 90 on a fresh client, with no fault at all). Initialized
+    first, the client routes every command by its key's slot. ``initialize()`` takes
+    the client's lock and returns at once if another task did the work.
+    """
+    get_default_node = getattr(target, "get_default_node", None)
+    if get_default_node is not None and get_default_node() is None:
+        await target.initialize()
+
+
 def _translating(
     in_script: bool, *, limited: bool = True
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
     def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
             try:
+                if args:  # the gateway's client, or the client a module function takes
+                    await _initialized(args[0].client if isinstance(args[0], Gateway) else args[0])
                 result = await fn(*args, **kwargs)
             except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
                 raise translate(exc, in_script=in_script) from exc
