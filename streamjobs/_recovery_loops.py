@@ -265,8 +265,14 @@ class RecoveryLoops:
         scores = await self._gw.lease_scores([p.id for p in page])
         now_ms = await self._gw.server_time_ms()
         tried = 0
+        # A lease more than a couple of lock TTLs ahead is a session-mode one (it runs
+        # to the long lock TTL): it says nothing about the owner, whose session may be
+        # dead, so the lock's liveness decides (the recoverer skips a live one). Skipping
+        # those would leave a dead session's assignment, when its session index entry
+        # is gone, to wait out that TTL (ten minutes or more).
+        horizon_ms = 2 * self._consumer.lock_ttl_ms
         for entry, score in zip(page, scores, strict=True):
-            if score is not None and score > now_ms:
+            if score is not None and now_ms < score <= now_ms + horizon_ms:
                 continue  # a live lease: the sweep will look at it when it is due
             await self._recover_one(entry.id, entry.consumer, None if score is None else int(score))
             tried += 1

@@ -41,6 +41,7 @@ from streamjobs._keys import Keys
 from streamjobs._redis import Entry, LostAt, Pending, RawFields, ReadReply, SessionMode, text
 from streamjobs._session import incarnation_of, parse_session_token
 from streamjobs._wire import (
+    CANCEL_FIELD,
     EOS_FIELD,
     EOS_VALUE,
     FIRST_ID_FIELD,
@@ -318,6 +319,10 @@ class FakeGateway:
         self._check_method(method)
         self._faults[method] = _Fault(times, after, error)
 
+    def fail_clear(self) -> None:
+        """Forget every failure :meth:`fail` injected and has not spent yet."""
+        self._faults.clear()
+
     def calls_of(self, method: str) -> list[tuple[Any, ...]]:
         """The arguments of every call of ``method`` so far."""
         return [c.args for c in self.calls if c.method == method]
@@ -384,6 +389,28 @@ class FakeGateway:
     def close(self, stream: str) -> str:
         """Append the end-of-stream marker."""
         return self.append(stream, {EOS_FIELD: EOS_VALUE})
+
+    def cancel_queued(self, stream: str) -> bool:
+        """cancel.lua: delete ``stream``'s indexed assignment if no consumer has read it
+        yet; True if it did."""
+        current = self._active.get(stream)
+        if current is None or current not in self.lbs_undelivered:
+            return False
+        del self._lbs.entries[current]
+        del self._active[stream]
+        self._leases.pop(current, None)
+        return True
+
+    def signal_cancel(self, stream: str, reason: str) -> None:
+        """signal_cancel.lua: the cancel marker, then an end marker carrying the reason
+        unless the stream is missing or its newest entry is an end marker already."""
+        self.cancels[stream] = reason
+        s = self._data_stream(stream)
+        if s is None or not s.entries:
+            return
+        if s.entries[s.top()].get(EOS_FIELD) in (EOS_VALUE, EOS_VALUE.encode()):
+            return
+        self.append(stream, {EOS_FIELD: EOS_VALUE, CANCEL_FIELD: reason})
 
     # -- forcing state ------------------------------------------------------------------
 
@@ -839,8 +866,9 @@ class FakeGateway:
             if s is not None and s.group is not None:
                 for entry_id in ack:
                     s.group.pel.pop(entry_id, None)
-                if cancelled:
+                if cancelled:  # skip the rest of the job: XACK all, XGROUP SETID $
                     s.group.pel.clear()
+                    s.group.last_delivered = s.last_id
             self.cancels.pop(stream, None)
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms

@@ -323,3 +323,37 @@ async def test_finish_leaves_nothing_for_the_next_job_of_the_same_name(
     assert [n for _, _, _, n in c.handled] == ["0", "1", "2", "job2"]
     assert (await redis.xpending(stream, service))["pending"] == 0
     assert await redis.exists(keys.lock(stream)) == 0
+
+
+async def test_the_scan_recovers_a_dead_session_whose_lease_lies_far_ahead(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """Under SESSION a lease runs to the long lock TTL (ten minutes or more): the scan
+    must not take it for a live lease, or a dead session's assignment whose index entry
+    is gone waits that long (found by the model test)."""
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    await gw.ensure_group()
+    stream = f"d:{uid}"
+    aid = await Producer(redis, service=service).add_stream(stream)
+    ghost = f"ghost-{uid}"
+    await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=1)
+    await redis.xclaim(keys.assignments, service, ghost, 0, [aid], idle=60_000)
+    await redis.set(keys.lock(stream), session_token("d" * 16, ghost, service), px=600_000)
+    now_ms = await gw.server_time_ms()
+    await redis.zadd(keys.leases, {aid: now_ms + 600_000})
+    metrics = NullRecorder()
+    loops = RecoveryLoops(
+        redis,
+        gw,
+        Recoverer(gw, max_retries=3, metrics=metrics, service=service),
+        recovery=RecoveryConfig(min_idle_s=15),
+        consumer=SESSION,
+        cluster_mode=ClusterMode.PROXY,
+        metrics=metrics,
+    )
+    assert (await loops.scan_once("-"))[0] == 1
+    assert (await redis.xpending(keys.assignments, service))["pending"] == 0
+    [(_, fields)] = list(await redis.xrange(keys.assignments) or [])
+    assert fields[b"_retry_count"] == b"1"
+    assert await redis.exists(keys.lock(stream)) == 0
