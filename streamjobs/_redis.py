@@ -570,6 +570,13 @@ class Gateway:
         return text(r[0]), text(r[1])
 
     @script
+    async def skip_unread(self, stream: str) -> None:
+        """``skip_unread.lua``: move the service's group on ``stream`` to its end (made
+        there if missing), so what a cancelled, never-read job left is not handed to the
+        next job of the same name."""
+        await self.scripts.skip_unread(keys=[stream], args=[self.keys.group])
+
+    @script
     async def signal_cancel(self, stream: str, reason: str, marker_ttl_ms: int) -> None:
         """Tell ``stream``'s owner to stop (``signal_cancel.lua``): the cancel marker its
         next fenced read sees, and in the same script an end marker carrying the reason

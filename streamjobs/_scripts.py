@@ -38,6 +38,7 @@ NAMES = (
     "seal",
     "cancel",
     "signal_cancel",
+    "skip_unread",
     "replay_assignment",
     "replay_entry",
     "prune_names",
@@ -70,6 +71,7 @@ class Scripts:
         self.seal = client.register_script(source("seal"))
         self.cancel = client.register_script(source("cancel"))
         self.signal_cancel = client.register_script(source("signal_cancel"))
+        self.skip_unread = client.register_script(source("skip_unread"))
         self.replay_assignment = client.register_script(source("replay_assignment"))
         self.replay_entry = client.register_script(source("replay_entry"))
         self.prune_names = client.register_script(source("prune_names"))

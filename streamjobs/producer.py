@@ -148,7 +148,8 @@ class Producer:
         """Stop the job of data stream ``name`` for good (docs/operations.md#cancelling-a-stream).
 
         An assignment queued by :meth:`add_stream` that no consumer has read yet is
-        removed. One a consumer holds is ended by it at its next read or lock check
+        removed, and the stream's entries so far are skipped (the next job of the same
+        name starts after them). One a consumer holds is ended by it at its next read or lock check
         (within about 50 ms, after the ``handle()`` call in progress): no more of its
         entries reach ``handle()``, what was delivered and not handled is acked, what
         was not read is skipped, the assignment completes, the lock is released and
@@ -169,6 +170,9 @@ class Producer:
         self._keys.check_data_stream(name)
         outcome, _ = await self._gw.cancel_queued(name)
         if outcome == "removed":
+            # Its entries stay in the stream (the retention applies): the next job of
+            # the same name must start after them, not handle them.
+            await self._gw.skip_unread(name)
             return CancelOutcome.REMOVED
         if outcome == "none" and not await self._gw.lock_exists(name):
             return CancelOutcome.NOT_FOUND

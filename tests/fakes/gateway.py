@@ -399,6 +399,11 @@ class FakeGateway:
         del self._lbs.entries[current]
         del self._active[stream]
         self._leases.pop(current, None)
+        s = self._data_stream(stream)  # skip_unread.lua: the group goes to the end
+        if s is not None:
+            if s.group is None:
+                s.group = _Group()
+            s.group.last_delivered = s.last_id
         return True
 
     def signal_cancel(self, stream: str, reason: str) -> None:

@@ -167,6 +167,11 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
             return not await admin.exists(keys.lock(held))
 
         await eventually(released, timeout_s=30)
+    # A job cancelled before any consumer read it: removed, its entries skipped.
+    queued = f"data:{service}:queued"
+    await producer.add_stream(queued)
+    await producer.append(queued, {"n": "0"})
+    assert await producer.cancel_stream(queued) is CancelOutcome.REMOVED
     assert await denials(admin) == []
     assert await admin.xlen(keys.dead_letters) == len(streams)
     assert (await admin.xpending(keys.assignments, service))["pending"] == 0

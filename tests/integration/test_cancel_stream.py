@@ -264,3 +264,23 @@ async def test_a_late_cancel_does_not_cancel_the_next_job_of_the_same_name(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_job_cancelled_before_it_was_read_leaves_nothing_for_the_next(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """Found by the model test: cancelling a queued job removed its assignment but
+    left its entries, which the next job of the same name then handled."""
+    producer = Producer(redis, service=service)
+    stream = f"queued:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "old"})
+    assert await producer.cancel_stream(stream) is CancelOutcome.REMOVED
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "new"})
+    await producer.close_stream(stream)
+    consumer = consumer_factory(Cancellable)
+    async with consumer:
+        await eventually(lambda: _true(consumer.ended == [stream]))
+    assert [h[3] for h in consumer.handled] == ["new"]
+    await assert_nothing_left(redis, service, stream)

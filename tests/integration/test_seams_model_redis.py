@@ -1,0 +1,72 @@
+"""The model of issue 21 (tests/harness/seams_model.py) against real Redis and the real
+scripts: a smaller run than over the in-memory gateway (tests/unit/test_seams_model.py),
+since every step waits on a real server. Both liveness modes.
+
+Opt-in for now (``STREAMJOBS_MODEL_REDIS=1``): its first runs found two defects, one
+fixed (a job cancelled before it was read left its entries to the next job of the name)
+and one open (a cancel racing its job's own end leaves the cancel marker until the
+name is reused or a day passes), so it is not yet part of CI's run:
+
+    STREAMJOBS_MODEL_REDIS=1 .venv/bin/python -m pytest \
+        tests/integration/test_seams_model_redis.py -q -p no:logging
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from redis.asyncio import Redis as AsyncRedis
+
+from streamjobs import Liveness, _ownership, _runtime
+from tests.harness.seams_model import RedisWorld, SeamsModel, World
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.skipif(
+        os.environ.get("STREAMJOBS_MODEL_REDIS") != "1",
+        reason="opt-in (STREAMJOBS_MODEL_REDIS=1): it still finds an open defect",
+    ),
+]
+
+EXAMPLES = int(os.environ.get("STREAMJOBS_MODEL_EXAMPLES", "3"))
+STEPS = int(os.environ.get("STREAMJOBS_MODEL_STEPS", "10"))
+
+
+@pytest.mark.timeout(0 if "STREAMJOBS_MODEL_EXAMPLES" in os.environ else 600)
+@pytest.mark.parametrize("liveness", [Liveness.LOCK, Liveness.SESSION], ids=["lock", "session"])
+def test_the_seams_model_on_redis(
+    liveness: Liveness, redis_url: str, service: str, uid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    examples = iter(range(10**6))
+
+    async def make_world() -> World:
+        # A new service per example: nothing one example left can meet the next.
+        n = next(examples)
+        return RedisWorld(AsyncRedis.from_url(redis_url), f"{service}-{n}", f"{uid}-{n}")
+
+    async def close_world(world: Any) -> None:
+        client = world.client
+        keys = [k async for k in client.scan_iter(match=f"*{world.uid}*")]
+        keys += [k async for k in client.scan_iter(match=f"*{world.service}*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+    class Model(SeamsModel):
+        pass
+
+    Model.liveness = liveness
+    Model.make_world = staticmethod(make_world)
+    Model.close_world = staticmethod(close_world)
+    for module in (_ownership, _runtime):
+        monkeypatch.setattr(module, "CLEANUP_TIMEOUT_S", 0.3)
+    Model.TestCase.settings = settings(
+        max_examples=EXAMPLES,
+        stateful_step_count=STEPS,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    Model.TestCase().runTest()
