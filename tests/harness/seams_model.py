@@ -38,10 +38,20 @@ from typing import Any, ClassVar, Protocol
 
 import anyio
 import anyio.from_thread
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from streamjobs import ClusterMode, ConsumerConfig, Liveness, Message, Producer, RecoveryConfig
+from streamjobs import (
+    ClusterMode,
+    ConsumerConfig,
+    Liveness,
+    Message,
+    Producer,
+    RecoveryConfig,
+    _ownership,
+    _runtime,
+)
 from streamjobs._keys import Keys
 from streamjobs._redis import Gateway
 from streamjobs._runtime import Runtime
@@ -575,6 +585,24 @@ class SeamsModel(RuleBasedStateMachine):
             assert not lost, f"job {job.number} of {job.stream!r}: entries never handled {lost}"
         left = self._call(self.world.leftovers)
         assert not left, f"left behind at quiescence: {left}"
+
+
+def run(model: type[SeamsModel], examples: int, steps: int, monkeypatch: Any) -> None:
+    """Run ``model`` for ``examples`` examples of up to ``steps`` steps each.
+
+    A killed consumer's calls all fail at once, so its shielded clean-up only waits out
+    its bounds: shorter bounds (``monkeypatch``) keep each example short; the bounds are
+    not what is under test.
+    """
+    for module in (_ownership, _runtime):
+        monkeypatch.setattr(module, "CLEANUP_TIMEOUT_S", 0.3)
+    model.TestCase.settings = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    model.TestCase().runTest()
 
 
 def _text(value: bytes | str) -> str:

@@ -129,6 +129,35 @@ async def _true(value: bool) -> bool:
 # -- a failed recovery call under SESSION (item 6) ---------------------------------------
 
 
+async def _strand_with_dead_session(
+    redis: AsyncRedis, service: str, uid: str, incarnation: str
+) -> tuple[str, str, str]:
+    """An assignment read by ``ghost-<uid>`` long ago (idle 60 s), whose stream's lock
+    names ghost's dead session: (stream, assignment id, ghost)."""
+    keys = Keys(service)
+    stream = f"d:{uid}"
+    aid = await Producer(redis, service=service).add_stream(stream)
+    ghost = f"ghost-{uid}"
+    await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=1)
+    await redis.xclaim(keys.assignments, service, ghost, 0, [aid], idle=60_000)
+    await redis.set(keys.lock(stream), session_token(incarnation, ghost, service), px=600_000)
+    return stream, aid, ghost
+
+
+def _loops(redis: AsyncRedis, gw: Gateway, service: str, **recovery: Any) -> RecoveryLoops:
+    """Recovery loops of a session-mode consumer, without subscriptions."""
+    metrics = NullRecorder()
+    return RecoveryLoops(
+        redis,
+        gw,
+        Recoverer(gw, max_retries=3, metrics=metrics, service=service),
+        recovery=RecoveryConfig(**recovery),
+        consumer=SESSION,
+        cluster_mode=ClusterMode.PROXY,
+        metrics=metrics,
+    )
+
+
 class _FailingRequeue(Gateway):
     """Real Redis, but the first ``requeue`` fails as a failover would make it."""
 
@@ -147,25 +176,11 @@ async def test_a_failed_recovery_keeps_the_dead_session_for_the_next_sweep(
     keys = Keys(service)
     gw = _FailingRequeue(redis, keys)
     await gw.ensure_group()
-    stream = f"d:{uid}"
-    aid = await Producer(redis, service=service).add_stream(stream)
-    ghost = f"ghost-{uid}"
-    await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=1)
-    # Read long enough ago to be recovered at once (the sweep leaves fresh ones).
-    await redis.xclaim(keys.assignments, service, ghost, 0, [aid], idle=60_000)
     incarnation = "a" * 16
-    await redis.set(keys.lock(stream), session_token(incarnation, ghost, service), px=600_000)
+    # Read long enough ago to be recovered at once (the sweep leaves fresh ones).
+    _, _, ghost = await _strand_with_dead_session(redis, service, uid, incarnation)
     await redis.zadd(keys.sessions, {member(incarnation, ghost): 1})
-    metrics = NullRecorder()
-    loops = RecoveryLoops(
-        redis,
-        gw,
-        Recoverer(gw, max_retries=3, metrics=metrics, service=service),
-        recovery=RecoveryConfig(),
-        consumer=SESSION,
-        cluster_mode=ClusterMode.PROXY,
-        metrics=metrics,
-    )
+    loops = _loops(redis, gw, service)
     await loops.sweep_once()
     assert gw.failures == 0, "the injected failure was not met"
     assert await redis.zscore(keys.sessions, member(incarnation, ghost)) is not None, (
@@ -334,24 +349,10 @@ async def test_the_scan_recovers_a_dead_session_whose_lease_lies_far_ahead(
     keys = Keys(service)
     gw = Gateway(redis, keys)
     await gw.ensure_group()
-    stream = f"d:{uid}"
-    aid = await Producer(redis, service=service).add_stream(stream)
-    ghost = f"ghost-{uid}"
-    await redis.xreadgroup(service, ghost, {keys.assignments: ">"}, count=1)
-    await redis.xclaim(keys.assignments, service, ghost, 0, [aid], idle=60_000)
-    await redis.set(keys.lock(stream), session_token("d" * 16, ghost, service), px=600_000)
+    stream, aid, _ = await _strand_with_dead_session(redis, service, uid, "d" * 16)
     now_ms = await gw.server_time_ms()
     await redis.zadd(keys.leases, {aid: now_ms + 600_000})
-    metrics = NullRecorder()
-    loops = RecoveryLoops(
-        redis,
-        gw,
-        Recoverer(gw, max_retries=3, metrics=metrics, service=service),
-        recovery=RecoveryConfig(min_idle_s=15),
-        consumer=SESSION,
-        cluster_mode=ClusterMode.PROXY,
-        metrics=metrics,
-    )
+    loops = _loops(redis, gw, service, min_idle_s=15)
     assert (await loops.scan_once("-"))[0] == 1
     assert (await redis.xpending(keys.assignments, service))["pending"] == 0
     [(_, fields)] = list(await redis.xrange(keys.assignments) or [])

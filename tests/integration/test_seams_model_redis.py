@@ -17,11 +17,10 @@ import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from redis.asyncio import Redis as AsyncRedis
 
-from streamjobs import Liveness, _ownership, _runtime
-from tests.harness.seams_model import RedisWorld, SeamsModel, World
+from streamjobs import Liveness
+from tests.harness.seams_model import RedisWorld, SeamsModel, World, run
 
 pytestmark = [
     pytest.mark.redis,
@@ -61,12 +60,4 @@ def test_the_seams_model_on_redis(
     Model.liveness = liveness
     Model.make_world = staticmethod(make_world)
     Model.close_world = staticmethod(close_world)
-    for module in (_ownership, _runtime):
-        monkeypatch.setattr(module, "CLEANUP_TIMEOUT_S", 0.3)
-    Model.TestCase.settings = settings(
-        max_examples=EXAMPLES,
-        stateful_step_count=STEPS,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-    Model.TestCase().runTest()
+    run(Model, EXAMPLES, STEPS, monkeypatch)

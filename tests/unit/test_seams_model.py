@@ -39,10 +39,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-from streamjobs import Liveness, _ownership, _runtime
-from tests.harness.seams_model import FakeWorld, SeamsModel, World
+from streamjobs import Liveness
+from tests.harness.seams_model import FakeWorld, SeamsModel, World, run
 
 EXAMPLES = int(os.environ.get("STREAMJOBS_MODEL_EXAMPLES", "5"))
 STEPS = int(os.environ.get("STREAMJOBS_MODEL_STEPS", "12"))
@@ -65,15 +64,4 @@ class SessionModel(SeamsModel):
 @pytest.mark.timeout(0 if "STREAMJOBS_MODEL_EXAMPLES" in os.environ else 600)
 @pytest.mark.parametrize("model", [LockModel, SessionModel], ids=["lock", "session"])
 def test_the_seams_model(model: type[SeamsModel], monkeypatch: pytest.MonkeyPatch) -> None:
-    # A killed consumer's calls all fail at once, so its shielded clean-up only waits
-    # out its bounds: shorter bounds keep each example short (the bounds are not what
-    # is under test).
-    for module in (_ownership, _runtime):
-        monkeypatch.setattr(module, "CLEANUP_TIMEOUT_S", 0.3)
-    model.TestCase.settings = settings(
-        max_examples=EXAMPLES,
-        stateful_step_count=STEPS,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-    model.TestCase().runTest()
+    run(model, EXAMPLES, STEPS, monkeypatch)
