@@ -2,7 +2,7 @@
 pending list is long and every owner is alive.
 
 A private ``redis-server`` gets ``--assignments`` (100,000) assignments, all delivered
-to one consumer name and all with a live lease, so the scan finds nothing to do: the
+to one consumer name and all with a live lease and lock, so the scan finds nothing to do: the
 worst case for a scanner that reads the whole list. Then ``--passes`` paced passes run
 with the default ``RecoveryConfig`` (one page of ``batch_size`` at a time, until
 ``scan_budget_s``), each after the previous pass's lease was released, and one
@@ -86,6 +86,12 @@ async def run(assignments: int, passes: int) -> None:
             ids += [i.decode() for i, _ in reply[0][1]]
         for start in range(0, assignments, CHUNK):
             await gw.record_leases(ids[start : start + CHUNK], 3_600_000, new=True)
+            # Alive means a lock too: a lease this far ahead is a session-mode one, and
+            # the scan asks the lock about it (docs/design.md#recovery).
+            async with client.pipeline(transaction=False) as pipe:
+                for i in range(start, min(assignments, start + CHUNK)):
+                    pipe.set(keys.lock(f"d:{service}:{i}"), "owner:1", px=3_600_000)
+                await pipe.execute()
         await anyio.sleep(0.01)  # XPENDING IDLE counts whole milliseconds
         print(f"{assignments:,} pending assignments, every owner alive")
         print("| pass | pages | entries | Redis CPU ms | wall ms |")

@@ -45,9 +45,14 @@ async def test_one_consumer_scans_per_interval_and_the_next_pass_goes_on(
         await producer.add_stream(s)
     delivered = await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=250)
     ids = [i.decode() for i, _ in delivered[0][1]]
-    # Every owner is alive (a lease far in the future), but one, at position 150.
+    # Every owner is alive (a lock, and a lease far in the future), but one, at
+    # position 150. (A lease this far ahead is a session-mode one: the scan asks the
+    # lock about it.)
     live = [i for n, i in enumerate(ids) if n != 150]
     await gw.record_leases(live, 3_600_000, new=True)
+    for n, s in enumerate(streams):
+        if n != 150:
+            await redis.set(keys.lock(s), "owner:1", px=3_600_000)
 
     async def all_idle() -> bool:  # XPENDING IDLE counts whole milliseconds
         page = await redis.xpending_range(keys.assignments, service, "-", "+", 300, idle=2)
@@ -84,6 +89,7 @@ async def test_a_pass_stops_at_the_end_of_the_pending_list_within_its_budget(
     producer = Producer(redis, service=service)
     for i in range(30):
         await producer.add_stream(f"data:{uid}:{i}")
+        await redis.set(keys.lock(f"data:{uid}:{i}"), "owner:1", px=3_600_000)  # alive
     delivered = await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=30)
     await gw.record_leases([i.decode() for i, _ in delivered[0][1]], 3_600_000, new=True)
 
