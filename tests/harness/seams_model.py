@@ -587,8 +587,16 @@ class SeamsModel(RuleBasedStateMachine):
         assert not left, f"left behind at quiescence: {left}"
 
 
-def run(model: type[SeamsModel], examples: int, steps: int, monkeypatch: Any) -> None:
-    """Run ``model`` for ``examples`` examples of up to ``steps`` steps each.
+def run(
+    model: type[SeamsModel],
+    examples: int,
+    steps: int,
+    monkeypatch: Any,
+    *,
+    derandomize: bool = False,
+) -> None:
+    """Run ``model`` for ``examples`` examples of up to ``steps`` steps each
+    (``derandomize``: the same examples every run, for the bounded run in the suite).
 
     A killed consumer's calls all fail at once, so its shielded clean-up only waits out
     its bounds: shorter bounds (``monkeypatch``) keep each example short; the bounds are
@@ -600,6 +608,8 @@ def run(model: type[SeamsModel], examples: int, steps: int, monkeypatch: Any) ->
         max_examples=examples,
         stateful_step_count=steps,
         deadline=None,
+        derandomize=derandomize,
+        database=None if derandomize else settings.default.database,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     model.TestCase().runTest()

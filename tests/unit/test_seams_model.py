@@ -26,7 +26,11 @@ The bounded run here is part of every test run. The long run:
     STREAMJOBS_MODEL_EXAMPLES=200 STREAMJOBS_MODEL_STEPS=30 \
         .venv/bin/python -m pytest tests/unit/test_seams_model.py -q -p no:logging
 
-(no per-test timeout then; about 10 minutes per liveness mode on 2 cores).
+(no per-test timeout then; about 10 minutes per liveness mode on 2 cores). The long run
+still finds two open defects (see issue 21's closing notes): an entry of a job handed
+to a later job of the same name (LOCK, after several reuses of a name), and a SESSION
+model that does not become quiescent after a kill, stops, a cancel of a closed job and
+a cancel of a queued one.
 
 A smaller run of the same machine goes against real Redis and the real scripts
 (tests/integration/test_seams_model_redis.py). Not modelled (the fake has one service
@@ -64,4 +68,7 @@ class SessionModel(SeamsModel):
 @pytest.mark.timeout(0 if "STREAMJOBS_MODEL_EXAMPLES" in os.environ else 600)
 @pytest.mark.parametrize("model", [LockModel, SessionModel], ids=["lock", "session"])
 def test_the_seams_model(model: type[SeamsModel], monkeypatch: pytest.MonkeyPatch) -> None:
-    run(model, EXAMPLES, STEPS, monkeypatch)
+    # The bounded run explores the same examples every time (a suite must not fail at
+    # random); the long run below explores new ones.
+    long_run = "STREAMJOBS_MODEL_EXAMPLES" in os.environ
+    run(model, EXAMPLES, STEPS, monkeypatch, derandomize=not long_run)
