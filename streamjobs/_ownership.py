@@ -425,19 +425,16 @@ class OwnedStream:
 
     async def _dead_holder(self) -> str:
         """The token holding the lock if it names a dead session, else ''."""
-        gw = self.host.gateway
-        holder = await gw.lock_holder(self.stream)
-        parsed = None if holder is None else parse_session_token(holder)
-        if holder is None or parsed is None:
-            return ""
-        if await gw.session_alive(parsed.consumer, parsed.incarnation, parsed.service):
+        _, dead = await self.host.gateway.lock_state(self.stream)
+        parsed = None if dead is None else parse_session_token(dead)
+        if dead is None or parsed is None:
             return ""
         self.log.info(
             "stream %r: its lock names the dead session of %r: taking it over",
             self.stream,
             parsed.consumer,
         )
-        return holder
+        return dead
 
     async def _report_recovery(self) -> None:
         """A recovered assignment (it carries ``_lost_at``): report how long the stream

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from . import _tracing
 from ._deadletter import DeadLetterReason, assignment_meta
 from ._redis import EntryTooLarge, RawFields, StreamGateway
-from ._session import parse_session_token
 from ._wire import Assignment, parse_assignment, parse_retry_count
 from .exceptions import InvalidAssignment
 from .metrics import MetricsRecorder, RequeueOutcome
@@ -124,14 +123,7 @@ class Recoverer:
         lock_exists = False
         dead_lock: str | None = None  # a lock naming a dead session: removed after
         if isinstance(parsed, Assignment):
-            holder = await self._gw.lock_holder(parsed.stream)
-            if holder is not None:
-                session = parse_session_token(holder)
-                lock_exists = session is None or await self._gw.session_alive(
-                    session.consumer, session.incarnation, session.service
-                )
-                if not lock_exists:
-                    dead_lock = holder
+            lock_exists, dead_lock = await self._gw.lock_state(parsed.stream)
         decision = decide(
             parsed,
             lock_exists=lock_exists,

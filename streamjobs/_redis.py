@@ -452,6 +452,7 @@ class StreamGateway(Protocol):
     ) -> bool: ...
     async def lock_exists(self, stream: str) -> bool: ...
     async def lock_alive(self, stream: str) -> bool: ...
+    async def lock_state(self, stream: str) -> tuple[bool, str | None]: ...
     async def session_alive(
         self, consumer: str, incarnation: str, service: str | None = None
     ) -> bool: ...
@@ -1168,13 +1169,20 @@ class Gateway:
         """Whether ``stream``'s lock exists and, if it names a session, that session is
         alive (two reads: the lock is in the stream's slot, the session in the
         service's). A dead session never comes back, so False stays true."""
+        return (await self.lock_state(stream))[0]
+
+    async def lock_state(self, stream: str) -> tuple[bool, str | None]:
+        """``(alive, dead token)``: whether the lock is alive (:meth:`lock_alive`), and
+        the token of a lock that exists but names a dead session (else None)."""
         holder = await self.lock_holder(stream)
         if holder is None:
-            return False
+            return False, None
         parsed = parse_session_token(holder)
         if parsed is None:
-            return True
-        return await self.session_alive(parsed.consumer, parsed.incarnation, parsed.service)
+            return True, None
+        if await self.session_alive(parsed.consumer, parsed.incarnation, parsed.service):
+            return True, None
+        return False, holder
 
     @translated
     async def session_alive(

@@ -62,6 +62,7 @@ METHODS = frozenset(
         "session",
         "session_alive",
         "lock_alive",
+        "lock_state",
         "lock_and_cancel",
         "next_due_ms",
         "sweep_sessions",
@@ -959,13 +960,18 @@ class FakeGateway:
         return alive
 
     async def lock_alive(self, stream: str) -> bool:
+        return (await self.lock_state(stream))[0]
+
+    async def lock_state(self, stream: str) -> tuple[bool, str | None]:
         holder = await self.lock_holder(stream)
         if holder is None:
-            return False
+            return False, None
         parsed = parse_session_token(holder)
-        return parsed is None or await self.session_alive(
+        if parsed is None or await self.session_alive(
             parsed.consumer, parsed.incarnation, parsed.service
-        )
+        ):
+            return True, None
+        return False, holder
 
     async def next_due_ms(self) -> int | None:
         """next_due.lua over the fake's lease index (it keeps no session index)."""
