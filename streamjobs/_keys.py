@@ -201,6 +201,22 @@ class Keys:
             return f"{self.prefix}:cancel:t:{stream}"
         return f"{self.prefix}:cancel:{{{stream}}}"
 
+    def ended(self, stream: str) -> str:
+        """String: the job (its first assignment id) of ``stream`` that this service
+        ended early (a cancel, or ``finish()`` before the end marker), kept until the
+        next job of that name starts or for a day. Whatever is appended to ``stream``
+        meanwhile belongs to that ended job: the next job's start skips it
+        (docs/design.md#job-identity). Per service, like the consumer group whose
+        position it guards; same cluster slot as ``stream``.
+
+        Raises:
+            InvalidStreamName: no co-located key exists for this name.
+        """
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}:ended:t:{self.service}:{stream}"
+        return f"{self.prefix}:ended:{self.service}:{{{stream}}}"
+
     def dead_marker(self, stream: str, entry_id: str) -> str:
         """String: the id of the dead letter written for entry ``entry_id`` of data
         stream ``stream``, so that a crash between dead-lettering and acking the entry

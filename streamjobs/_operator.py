@@ -324,7 +324,7 @@ class OperatorGateway(Gateway):
         """
         from ._wire import EOS_FIELD, EOS_VALUE
 
-        keys = [stream, self.keys.lock(stream), self.keys.cancel(stream)]
+        keys = [stream, self.keys.lock(stream), self.keys.cancel(stream), self.keys.ended(stream)]
         args: list[Any] = [
             self.keys.group, marker_ttl_ms, "1" if close else "0", EOS_FIELD, EOS_VALUE,
             self.max_copy_values,

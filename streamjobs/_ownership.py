@@ -36,7 +36,7 @@ from ._backoff import Backoff
 from ._deadletter import DeadLetterReason, describe_error, entry_dead_letter
 from ._guard import log_failure
 from ._recovery import Recoverer
-from ._redis import StreamGateway, id_order
+from ._redis import ACQUIRED_ENDED, NOT_ACQUIRED, StreamGateway, id_order
 from ._session import parse_session_token
 from ._waiter import Waiter
 from ._wire import CANCEL_FIELD, EOS_FIELD, EOS_VALUE, Assignment, is_eos
@@ -266,6 +266,7 @@ class OwnedStream:
         self.unusable: Exception | None = None  # a permanent error about the data stream
         self.contended = False  # its lock stayed someone else's for a heartbeat interval
         self.acquire_error: str | None = None  # the last error of a failed acquire
+        self.job_ended = False  # acquired, but the job had ended early: only complete it
         self.stale = False  # the assignment was no longer ours when we came to it
         self.handling = False  # in a batch of handle() calls (statistics)
         self.cancel_reason: str | None = None  # Producer.cancel_stream's reason
@@ -393,8 +394,13 @@ class OwnedStream:
         while not host.draining:
             sent = time.monotonic()
             try:
-                if await host.gateway.acquire(self.stream, self.token, host.lock_ttl_ms, replace):
+                taken = await host.gateway.acquire(
+                    self.stream, self.token, host.lock_ttl_ms, replace, self.assignment.first_id
+                )
+                if taken != NOT_ACQUIRED:
                     self.acquired = True
+                    # The job ended early and its owner died before completing it.
+                    self.job_ended = taken == ACQUIRED_ENDED
                     self.lock_extended_at = sent
                     session_at = host.session_confirmed_at
                     self.renew(sent if session_at is None else min(sent, session_at))
@@ -511,6 +517,8 @@ class OwnedStream:
         idle_timeout_s = host.config.stream_idle_timeout_s
         active_at = time.monotonic()  # last time an entry (or the acquisition) came
         claim = False  # the last read returned pending entries: claim before reading new
+        if self.job_ended:
+            return await self._complete_silently()
         while True:
             if self.lost:
                 return Outcome.LOST
@@ -1038,6 +1046,7 @@ class OwnedStream:
                 # next job of the same name reads (docs/design.md#finishing-and-hand-back).
                 cancelled=self.cancel_reason is not None
                 or (self.finish_requested and not self._eos),
+                job=self.assignment.first_id,
             ):
                 return self._completed
             self._sealed = True

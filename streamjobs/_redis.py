@@ -127,6 +127,11 @@ _SCRIPT_NOPERM = "user executing the script can't run this command"
 _CURSOR_KEEP_MS = 24 * 3600 * 1000
 
 DEAD_MARKER_TTL_MS = 24 * 3600 * 1000
+ENDED_MARKER_TTL_MS = 24 * 3600 * 1000
+"""How long a job that ended early is remembered (``Keys.ended``): what its producer
+appends to the stream within that time is skipped by the next job of the name."""
+NOT_ACQUIRED, ACQUIRED, ACQUIRED_ENDED = 0, 1, 2
+"""What :meth:`Gateway.acquire` answers."""
 """How long a data entry's dead-letter marker is kept (``Keys.dead_marker``): far
 longer than an owner's death takes to be noticed and the entry handled again."""
 
@@ -431,7 +436,9 @@ class StreamGateway(Protocol):
         self, assignment_id: str, meta: Pairs
     ) -> tuple[str, int] | None: ...
     async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]: ...
-    async def acquire(self, stream: str, token: str, ttl_ms: int, replace: str = "") -> bool: ...
+    async def acquire(
+        self, stream: str, token: str, ttl_ms: int, replace: str = "", job: str = ""
+    ) -> int: ...
     async def extend_many(
         self, locks: Sequence[tuple[str, str]], ttl_ms: int
     ) -> list[bool | None]: ...
@@ -467,6 +474,7 @@ class StreamGateway(Protocol):
         ack: Sequence[str] = (),
         *,
         cancelled: bool = False,
+        job: str = "",
     ) -> bool: ...
     async def touch_session(self, consumer: str, value: str, ttl_ms: int) -> None: ...
     async def end_session(self, consumer: str) -> None: ...
@@ -550,43 +558,56 @@ class Gateway:
         r = await self.scripts.add(keys=keys, args=[stream, window_ms, *flat])
         return text(r[0]), int(r[1]) == 1
 
-    @translated
-    async def clear_retention(self, stream: str) -> None:
-        """Remove a TTL left on a data stream by an earlier job of the same name, and a
-        cancel marker left for that job (it must not cancel this one)."""
-        await self.client.persist(stream)
-        await self.client.delete(self.keys.cancel(stream))
+    @script
+    async def start_job(self, stream: str, job: str, *, created: bool) -> bool:
+        """``start_job.lua``, after ``add.lua`` answered ``job``: with ``created``, the
+        retention TTL and the cancel marker an earlier job of the same name left go;
+        if an earlier job of the name ended early, what was appended after its end is
+        skipped (docs/design.md#job-identity). True if something was skipped."""
+        r = await self.scripts.start_job(
+            keys=[stream, self.keys.cancel(stream), self.keys.ended(stream)],
+            args=[self.keys.group, job, "1" if created else "0"],
+        )
+        return int(r) == 1
 
     @script
-    async def cancel_queued(self, stream: str) -> tuple[str, str]:
+    async def cancel_queued(self, stream: str) -> tuple[str, str, str]:
         """``cancel.lua``: remove ``stream``'s indexed assignment if not delivered yet.
 
         Returns:
-            ('removed' | 'delivered' | 'none', the assignment's id or '').
+            ('removed' | 'delivered' | 'none', the assignment's id or '', its job or '').
         """
         r = await self.scripts.cancel(
             keys=[self.keys.assignments, self.keys.active, self.keys.leases],
-            args=[self.keys.group, stream],
+            args=[self.keys.group, stream, FIRST_ID_FIELD],
         )
-        return text(r[0]), text(r[1])
+        return text(r[0]), text(r[1]), text(r[2])
 
     @script
-    async def skip_unread(self, stream: str) -> None:
+    async def skip_unread(self, stream: str, job: str) -> None:
         """``skip_unread.lua``: move the service's group on ``stream`` to its end (made
-        there if missing), so what a cancelled, never-read job left is not handed to the
-        next job of the same name."""
-        await self.scripts.skip_unread(keys=[stream], args=[self.keys.group])
+        there if missing) and mark ``job`` ended, so what a cancelled, never-read job left,
+        or its producer appends later, is not handed to the next job of the same name."""
+        await self.scripts.skip_unread(
+            keys=[stream, self.keys.ended(stream)], args=[self.keys.group, job, ENDED_MARKER_TTL_MS]
+        )
 
     @script
-    async def signal_cancel(self, stream: str, reason: str, marker_ttl_ms: int) -> None:
+    async def signal_cancel(
+        self, stream: str, reason: str, marker_ttl_ms: int, job: str = ""
+    ) -> bool:
         """Tell ``stream``'s owner to stop (``signal_cancel.lua``): the cancel marker its
         next fenced read sees, and in the same script an end marker carrying the reason
         that wakes an owner waiting for entries (not written if the stream is gone or
-        already ends in an end marker)."""
-        await self.scripts.signal_cancel(
-            keys=[stream, self.keys.cancel(stream)],
-            args=[reason, marker_ttl_ms, EOS_FIELD, EOS_VALUE, CANCEL_FIELD],
-        )
+        already ends in an end marker). ``job``: the job being cancelled ('' unknown).
+        False if the cancel was moot (that job is over already): nothing was written."""
+        r = await self.scripts.signal_cancel(
+            keys=[stream, self.keys.cancel(stream), self.keys.ended(stream)],
+            args=[
+                reason, marker_ttl_ms, EOS_FIELD, EOS_VALUE, CANCEL_FIELD, self.keys.group, job,
+            ],
+        )  # fmt: skip
+        return int(r) != 2
 
     @translated
     async def append(self, stream: str, fields: Mapping[str, str | bytes | int | float]) -> str:
@@ -860,14 +881,22 @@ class Gateway:
     # -- locks and data streams ----------------------------------------------------
 
     @script
-    async def acquire(self, stream: str, token: str, ttl_ms: int, replace: str = "") -> bool:
+    async def acquire(
+        self, stream: str, token: str, ttl_ms: int, replace: str = "", job: str = ""
+    ) -> int:
         """Take ``stream``'s lock for ``token``: if it is free, or if it holds ``replace``
-        (a dead session's token, read by the caller: docs/design.md#liveness)."""
+        (a dead session's token, read by the caller: docs/design.md#liveness).
+
+        Returns:
+            :data:`NOT_ACQUIRED` (someone else holds it), :data:`ACQUIRED`, or
+            :data:`ACQUIRED_ENDED`: taken, but job ``job`` already ended early (its owner
+            died before completing the assignment): only complete it.
+        """
         r = await self.scripts.acquire(
-            keys=[self.keys.lock(stream), stream],
-            args=[token, ttl_ms, self.keys.group, replace],
+            keys=[self.keys.lock(stream), stream, self.keys.ended(stream)],
+            args=[token, ttl_ms, self.keys.group, replace, job],
         )
-        return int(r) == 1
+        return int(r)
 
     @script
     async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:
@@ -1141,16 +1170,23 @@ class Gateway:
         ack: Sequence[str] = (),
         *,
         cancelled: bool = False,
+        job: str = "",
     ) -> bool:
         """Fenced final acks and retention of a finishing stream; the lock stays held.
 
-        ``cancelled``: also ack every entry still pending in the group, and remove the
-        stream's cancel marker.
+        ``cancelled``: the job ended early: also ack every entry still pending in the
+        group, move the group to the stream's end and mark ``job`` ended
+        (docs/design.md#job-identity). The cancel marker goes either way.
         """
         r = await self.scripts.seal(
-            keys=[self.keys.lock(stream), stream, self.keys.cancel(stream)],
-            args=[token, self.keys.group, keep_ms, "cancel" if cancelled else "", *ack],
-        )
+            keys=[
+                self.keys.lock(stream), stream, self.keys.cancel(stream), self.keys.ended(stream),
+            ],
+            args=[
+                token, self.keys.group, keep_ms, "cancel" if cancelled else "", job,
+                ENDED_MARKER_TTL_MS, *ack,
+            ],
+        )  # fmt: skip
         return int(r) == 1
 
     @translated

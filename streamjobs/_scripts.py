@@ -39,6 +39,7 @@ NAMES = (
     "cancel",
     "signal_cancel",
     "skip_unread",
+    "start_job",
     "replay_assignment",
     "replay_entry",
     "prune_names",
@@ -72,6 +73,7 @@ class Scripts:
         self.cancel = client.register_script(source("cancel"))
         self.signal_cancel = client.register_script(source("signal_cancel"))
         self.skip_unread = client.register_script(source("skip_unread"))
+        self.start_job = client.register_script(source("start_job"))
         self.replay_assignment = client.register_script(source("replay_assignment"))
         self.replay_entry = client.register_script(source("replay_entry"))
         self.prune_names = client.register_script(source("prune_names"))

@@ -321,7 +321,8 @@ class DeadLetters:
         if new_id is None:
             return None
         if stream:
-            await gw.clear_retention(stream)
+            job = fields.get(FIRST_ID_FIELD) or new_id
+            await gw.start_job(stream, job if isinstance(job, str) else new_id, created=True)
         return Replayed(record.id, new_id, keys.assignments)
 
     def _check_entry(self, record: DeadLetterRecord) -> str:
@@ -397,7 +398,7 @@ class DeadLetters:
                 fields = {**build_fields(stream, info), FIRST_ID_FIELD: put.ids[0]}
                 _, created = await gw.add_assignment(stream, fields)
                 if created:
-                    await gw.clear_retention(stream)
+                    await gw.start_job(stream, put.ids[0], created=True)
                 return put.ids, created
             if put.state == "placed":
                 # At an open tail, no owner: the job queued when we looked reads them,

@@ -118,11 +118,14 @@ class Producer:
         assignment_id, created = await self._gw.add_assignment(
             name, fields, idempotency_key=idempotency_key, window_ms=window_ms
         )
-        if created:
-            # A stream of this name that finished recently still carries its retention
-            # TTL, which would expire this job's entries (the new owner clears it too).
-            # Not for a deduplicated call: that job may be the finished one.
-            await self._gw.clear_retention(name)
+        # A stream of this name that finished recently still carries its retention TTL,
+        # which would expire this job's entries (the new owner clears it too): cleared
+        # only when queued now, since a deduplicated call may name the finished job. And
+        # if the previous job of the name ended early, what was appended after its end
+        # is skipped, so this job reads only what comes after add_stream returns
+        # (docs/design.md#job-identity); also on a repeat, whose first call may have
+        # failed before this step.
+        await self._gw.start_job(name, assignment_id, created=created)
         return assignment_id
 
     async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:
@@ -168,15 +171,17 @@ class Producer:
             InvalidStreamName: see :meth:`add_stream`.
         """
         self._keys.check_data_stream(name)
-        outcome, _ = await self._gw.cancel_queued(name)
+        outcome, _, job = await self._gw.cancel_queued(name)
         if outcome == "removed":
             # Its entries stay in the stream (the retention applies): the next job of
-            # the same name must start after them, not handle them.
-            await self._gw.skip_unread(name)
+            # the same name must start after them, not handle them, nor what its
+            # producer appends later.
+            await self._gw.skip_unread(name, job)
             return CancelOutcome.REMOVED
         if outcome == "none" and not await self._gw.lock_exists(name):
             return CancelOutcome.NOT_FOUND
-        await self._gw.signal_cancel(name, reason, CANCEL_MARKER_TTL_MS)
+        # Moot (nothing written) if that job is over already: a marker would outlive it.
+        await self._gw.signal_cancel(name, reason, CANCEL_MARKER_TTL_MS, job)
         return CancelOutcome.SIGNALLED
 
     async def close_stream(self, name: str) -> str:

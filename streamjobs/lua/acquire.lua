@@ -1,17 +1,26 @@
 -- acquire.lua: take the lock of a data stream and make sure its consumer group exists.
 -- KEYS[1]  lock key of the data stream (same slot as KEYS[2])
 -- KEYS[2]  data stream
+-- KEYS[3]  the stream's ended-job marker for this service (same slot)
 -- ARGV[1]  lock token, unique to this acquisition
 -- ARGV[2]  lock TTL, milliseconds
 -- ARGV[3]  consumer group name
 -- ARGV[4]  a token to replace: a dead session's, which the caller read from this lock
 --          and found dead (docs/design.md#liveness); '' takes only a free lock
--- Returns 1 if the lock was taken, 0 if someone else holds it.
+-- ARGV[5]  the job of the assignment being acquired (its _first_id, or its id)
+-- Returns 1 if the lock was taken, 0 if someone else holds it, 2 if it was taken but
+-- this job already ended early (the ended-job marker names it): the caller only
+-- completes the assignment.
 -- Idempotent: a client retry of a call whose reply was lost finds its own token, and
 -- refreshes the TTL, since the caller measures its local lease from the retry.
+-- Reads (the lock, the marker: a key of another type fails here) come first.
 local holder = redis.call('GET', KEYS[1])
+local ended = redis.call('GET', KEYS[3])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if ended and ended == ARGV[5] then
+    return 2
+  end
   return 1
 end
 if holder and (ARGV[4] == nil or ARGV[4] == '' or holder ~= ARGV[4]) then
@@ -34,4 +43,13 @@ end
 -- A new job for a stream name that finished recently: the retention TTL set then
 -- must not expire the new job's entries.
 redis.call('PERSIST', KEYS[2])
+if ended then
+  if ended == ARGV[5] then
+    return 2  -- this job ended early; its owner died before completing it
+  end
+  -- An earlier job of this name ended early: what was appended after its end
+  -- belongs to it, and this job starts after it (docs/design.md#job-identity).
+  redis.call('XGROUP', 'SETID', KEYS[2], ARGV[3], '$')
+  redis.call('DEL', KEYS[3])
+end
 return 1

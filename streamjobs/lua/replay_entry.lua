@@ -17,14 +17,20 @@
 -- caller then makes sure a job is queued for the stream. One call per batch: a second
 -- batch or a later call finds the first one's marker unread and goes before it.
 --
--- A replay marker (KEYS[4..], one per dead letter) remembers for a day the id that dead
+-- An ended-job marker (KEYS[4]: a job of the stream ended early, and no job came
+-- after it) means that everything the group has not read belongs to that ended job:
+-- it is skipped (the group moves past it) before the entries are placed, as if it had
+-- been read; while that job still holds the lock (it is finishing), BUSY.
+--
+-- A replay marker (KEYS[5..], one per dead letter) remembers for a day the id that dead
 -- letter's replay appended: a repeat (a second operator, or a retry after a crash before
 -- the dead letter was removed) appends nothing for it and answers the same id.
 --
 -- KEYS[1]   data stream
 -- KEYS[2]   its lock
 -- KEYS[3]   its cancel marker
--- KEYS[4..] the replay marker of each dead letter, in dead-letter order
+-- KEYS[4]   its ended-job marker for this service
+-- KEYS[5..] the replay marker of each dead letter, in dead-letter order
 -- ARGV[1]   the service's consumer group
 -- ARGV[2]   the replay markers' lifetime, milliseconds
 -- ARGV[3]   '1': no job is queued for the stream (the caller read the assignment index)
@@ -69,7 +75,7 @@ local function is_eos(fields)
 end
 
 -- The dead letters: where each one's values start in ARGV, and which were replayed.
-local n = #KEYS - 3
+local n = #KEYS - 4
 if n < 1 then
   return redis.error_reply('ERR no dead letter to replay')
 end
@@ -83,7 +89,7 @@ for i = 1, n do
   end
   first[i], count[i] = at + 1, c
   at = at + 1 + c
-  local done = redis.call('GET', KEYS[3 + i])
+  local done = redis.call('GET', KEYS[4 + i])
   if done then
     ids[i] = done
     if newest == nil or older(newest, done) then
@@ -100,7 +106,13 @@ if kind ~= 'none' and kind ~= 'stream' then
 end
 local owned = redis.call('EXISTS', KEYS[2]) == 1
 local owned_flag = owned and 1 or 0
+local ended = redis.call('GET', KEYS[4])
+if ended and owned then
+  return {'busy', 0, owned_flag}
+end
 local last = nil -- the group's last-delivered id; nil: no group, nothing read
+local has_group = false
+local skip_to = nil -- with an ended job: the id the group moves to (its rest skipped)
 if kind == 'stream' then
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local name, id
@@ -112,7 +124,13 @@ if kind == 'stream' then
       end
     end
     if name == group then
-      last = id
+      last, has_group = id, true
+    end
+  end
+  if ended then
+    local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    if #top > 0 and (last == nil or older(last, top[1][1])) then
+      skip_to, last = top[1][1], top[1][1]
     end
   end
 end
@@ -153,13 +171,21 @@ end
 -- Writes.
 local closed = tail ~= nil
 local wrote = false
+if #fresh > 0 and ended then
+  if skip_to and has_group then
+    redis.call('XGROUP', 'SETID', stream, group, skip_to)
+  elseif skip_to then
+    redis.call('XGROUP', 'CREATE', stream, group, skip_to)
+  end
+  redis.call('DEL', KEYS[4])
+end
 if #fresh > 0 then
   if tail then
     redis.call('XDEL', stream, tail[1])
   end
   for _, i in ipairs(fresh) do
     ids[i] = redis.call('XADD', stream, '*', unpack(ARGV, first[i], first[i] + count[i] - 1))
-    redis.call('SET', KEYS[3 + i], ids[i], 'PX', ttl)
+    redis.call('SET', KEYS[4 + i], ids[i], 'PX', ttl)
   end
   if tail then
     -- The marker again, after them. Its first copy is deleted at once, so that the

@@ -7,6 +7,7 @@
 -- KEYS[1]  lock key of the data stream (same slot as KEYS[2])
 -- KEYS[2]  data stream
 -- KEYS[3]  cancel marker of the data stream (same slot)
+-- KEYS[4]  the stream's ended-job marker for this service (same slot)
 -- ARGV[1]  lock token
 -- ARGV[2]  consumer group name
 -- ARGV[3]  retention, milliseconds: >0 PEXPIRE; 0 or -1 leave the TTL alone (a
@@ -15,7 +16,12 @@
 --          group is acked too (delivered, never to be handled) and the group moves past
 --          every entry not yet read; '' otherwise. The cancel marker goes either way: a
 --          cancel that came after the stream's own end marker was read is moot.
--- ARGV[5..] entry ids to acknowledge
+--          With 'cancel' the ended-job marker is set to ARGV[5] for ARGV[6] ms: what
+--          is appended to the stream from now on belongs to this ended job, and the
+--          next job of the name skips it (docs/design.md#job-identity).
+-- ARGV[5]  the job (its first assignment id)
+-- ARGV[6]  the ended-job marker's lifetime, milliseconds
+-- ARGV[7..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
@@ -32,8 +38,8 @@ if ARGV[4] == 'cancel' and redis.call('EXISTS', KEYS[2]) == 1 then
     end
   end
 end
-if #ARGV > 4 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 5))
+if #ARGV > 6 then
+  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 7))
 end
 if ARGV[4] == 'cancel' then
   while has_group do
@@ -50,6 +56,7 @@ if ARGV[4] == 'cancel' then
   if has_group then  -- what was never read is skipped: a later job starts after it
     redis.call('XGROUP', 'SETID', KEYS[2], ARGV[2], '$')
   end
+  redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[6])
 end
 redis.call('DEL', KEYS[3])
 local keep = tonumber(ARGV[3])

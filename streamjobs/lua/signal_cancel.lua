@@ -6,20 +6,47 @@
 -- written, leaving it behind for a day).
 -- KEYS[1]  data stream
 -- KEYS[2]  its cancel marker (same slot)
+-- KEYS[3]  its ended-job marker for this service (same slot)
 -- ARGV[1]  reason (may be empty)
 -- ARGV[2]  marker TTL, milliseconds
 -- ARGV[3]  end-of-stream field name
 -- ARGV[4]  end-of-stream field value
 -- ARGV[5]  cancel-reason field name
--- The end marker is not appended if the stream does not exist, or if its newest entry
--- is already an end marker: that job is ending anyway, and a second marker would be
--- read first by the next job of the same name, cancelling it (issue: a job is its own).
--- Returns 1 if the end marker was appended, 0 if not.
--- Reads (the key types, the newest entry) come before the first write.
+-- ARGV[6]  the service's consumer group
+-- ARGV[7]  the job being cancelled (its first assignment id), '' if unknown
+-- A cancel is moot, and nothing is written, when the job is over already: the ended-job
+-- marker names it (or, with the job unknown, exists: then the lock holder is that ended
+-- job finishing), or the group has read the stream's newest entry and it is an end
+-- marker no older than the job (the job is finishing normally). A marker written then would outlive the job.
+-- Otherwise the marker is written; the end marker is not appended if the stream does
+-- not exist, or if its newest entry is already an end marker: that job is ending
+-- anyway, and a second marker would be read first by the next job of the same name.
+-- Returns 1 if the end marker was appended, 0 if only the marker was written, 2 if moot.
+-- Reads (the key types, the newest entry, the group) come before the first write.
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream')
 end
+local ended = redis.call('GET', KEYS[3])
+if ended and (ARGV[7] == '' or ended == ARGV[7]) then
+  return 2
+end
+
+local function less(a, b) -- decimal strings without leading zeros
+  if #a ~= #b then
+    return #a < #b
+  end
+  return a < b
+end
+local function older(a, b) -- stream id a < stream id b
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if am ~= bm then
+    return less(am, bm)
+  end
+  return less(as, bs)
+end
+
 local append = false
 if t == 'stream' then
   append = true
@@ -29,6 +56,23 @@ if t == 'stream' then
     for i = 1, #fields, 2 do
       if fields[i] == ARGV[3] and fields[i + 1] == ARGV[4] then
         append = false
+      end
+    end
+    if not append then  -- it ends in an end marker: has the group read it?
+      for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+        local name, last
+        for j = 1, #g, 2 do
+          if g[j] == 'name' then
+            name = g[j + 1]
+          elseif g[j] == 'last-delivered-id' then
+            last = g[j + 1]
+          end
+        end
+        -- (an end marker older than the job belongs to an earlier job of the name)
+        if name == ARGV[6] and last and not older(last, top[1][1])
+            and (ARGV[7] == '' or not older(top[1][1], ARGV[7])) then
+          return 2
+        end
       end
     end
   end

@@ -1,20 +1,25 @@
 -- skip_unread.lua: a job cancelled before any consumer read its assignment
 -- (Producer.cancel_stream, after cancel.lua removed the assignment) leaves its entries
 -- in the data stream; move the service's group past them, so that the next job of the
--- same name starts after them instead of handling them (issue: a job is its own).
+-- same name starts after them instead of handling them, and mark the job ended, so
+-- that what its producer appends later is skipped too (docs/design.md#job-identity).
 -- KEYS[1]  data stream
+-- KEYS[2]  the stream's ended-job marker for this service (same slot)
 -- ARGV[1]  the service's consumer group
--- A stream that does not exist has nothing to skip. A missing group is created at the
--- stream's end ('$'); an existing one is moved there. The one write is the last call.
+-- ARGV[2]  the cancelled job (its first assignment id)
+-- ARGV[3]  the ended-job marker's lifetime, milliseconds
+-- A missing group is created at the stream's end ('$'); an existing one is moved
+-- there. A key of another type fails before anything is written.
 -- Returns 1 if the group now stands at the stream's end, 0 if there is no stream.
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'stream' then
-  return 0
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'stream' and t ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream')
 end
-local created = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '$')
-if type(created) == 'table' and created['err'] then
-  if not string.find(created['err'], 'BUSYGROUP', 1, true) then
-    return redis.error_reply(created['err'])
+if t == 'stream' then
+  local created = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '$')
+  if type(created) == 'table' and created['err'] then
+    redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], '$')
   end
-  redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], '$')
 end
-return 1
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return t == 'stream' and 1 or 0

@@ -284,6 +284,8 @@ class FakeGateway:
         self._faults: dict[str, _Fault] = {}
         self.cancels: dict[str, str] = {}
         """Cancel markers: data stream -> reason (``Producer.cancel_stream``)."""
+        self.ended: dict[str, str] = {}
+        """Ended-job markers: data stream -> the job that ended early (``Keys.ended``)."""
         self.sessions: dict[str, str] = {}
         """Live consumer sessions: name -> value."""
         self.unreachable: set[str] = set()
@@ -370,7 +372,45 @@ class FakeGateway:
         assert current is not None
         if idempotency_key is not None:
             self._idempotency[idempotency_key] = (current, now + window_ms)
+        self.start_job(stream, current, created=created)
         return current, created
+
+    def start_job(self, stream: str, job: str, *, created: bool) -> None:
+        """start_job.lua: with ``created`` the retention TTL and the cancel marker go; an
+        earlier job that ended early has what was appended after its end skipped."""
+        s = self._data_stream(stream)
+        if created:
+            self.cancels.pop(stream, None)
+            if s is not None:
+                s.expires_at_ms = None
+        ended = self.ended.get(stream)
+        if ended is not None and ended != job:
+            self._skip_to_end(s)
+            del self.ended[stream]
+
+    def _skip_to_end(self, s: _Stream | None) -> None:
+        """XGROUP CREATE/SETID ... $"""
+        if s is not None:
+            if s.group is None:
+                s.group = _Group()
+            s.group.last_delivered = s.last_id
+
+    def _job_of(self, assignment_id: str) -> str:
+        fields = self._lbs.entries.get(assignment_id, {})
+        first = fields.get(FIRST_ID_FIELD)
+        if first is None:
+            return assignment_id
+        return first.decode() if isinstance(first, bytes) else first
+
+    def cancel(self, stream: str, reason: str = "") -> str:
+        """``Producer.cancel_stream``: 'removed', 'signalled', 'moot' or 'not_found'."""
+        current = self._active.get(stream)
+        job = "" if current is None else self._job_of(current)
+        if self.cancel_queued(stream):
+            return "removed"
+        if current is None and self._live_lock(self.keys.lock(stream)) is None:
+            return "not_found"
+        return "signalled" if self.signal_cancel(stream, reason, job) else "moot"
 
     def append(self, stream: str, fields: Mapping[str, str]) -> str:
         """Append an entry to a data stream (created if missing); returns its id."""
@@ -397,26 +437,40 @@ class FakeGateway:
         current = self._active.get(stream)
         if current is None or current not in self.lbs_undelivered:
             return False
+        job = self._job_of(current)
         del self._lbs.entries[current]
         del self._active[stream]
         self._leases.pop(current, None)
-        s = self._data_stream(stream)  # skip_unread.lua: the group goes to the end
-        if s is not None:
-            if s.group is None:
-                s.group = _Group()
-            s.group.last_delivered = s.last_id
+        # skip_unread.lua: the group goes to the end, the job is marked ended
+        self._skip_to_end(self._data_stream(stream))
+        self.ended[stream] = job
         return True
 
-    def signal_cancel(self, stream: str, reason: str) -> None:
-        """signal_cancel.lua: the cancel marker, then an end marker carrying the reason
-        unless the stream is missing or its newest entry is an end marker already."""
-        self.cancels[stream] = reason
+    def signal_cancel(self, stream: str, reason: str, job: str = "") -> bool:
+        """signal_cancel.lua: nothing if moot (the ended-job marker names ``job``, or
+        exists with ``job`` unknown; or the group read the newest entry, an end marker
+        no older than ``job``); else the cancel marker, then an end marker carrying the
+        reason unless the stream is missing or its newest entry is an end marker
+        already. False if moot."""
+        ended = self.ended.get(stream)
+        if ended is not None and (not job or ended == job):
+            return False
         s = self._data_stream(stream)
-        if s is None or not s.entries:
-            return
-        if s.entries[s.top()].get(EOS_FIELD) in (EOS_VALUE, EOS_VALUE.encode()):
-            return
+        top_is_eos = (
+            s is not None
+            and bool(s.entries)
+            and s.entries[s.top()].get(EOS_FIELD) in (EOS_VALUE, EOS_VALUE.encode())
+        )
+        if s is not None and top_is_eos:
+            top = parse_id(s.top())
+            read = s.group is not None and s.group.last_delivered >= top
+            if read and (not job or top >= parse_id(job)):
+                return False
+        self.cancels[stream] = reason
+        if s is None or not s.entries or top_is_eos:
+            return True
         self.append(stream, {EOS_FIELD: EOS_VALUE, CANCEL_FIELD: reason})
+        return True
 
     # -- forcing state ------------------------------------------------------------------
 
@@ -713,20 +767,25 @@ class FakeGateway:
 
     # -- the protocol: locks and data streams ------------------------------------------
 
-    async def acquire(self, stream: str, token: str, ttl_ms: int, replace: str = "") -> bool:
+    async def acquire(
+        self, stream: str, token: str, ttl_ms: int, replace: str = "", job: str = ""
+    ) -> int:
         """acquire.lua: our token -> 1 (TTL refreshed); held -> 0 (unless it holds
         ``replace``); else lock + group at 0, and the data stream's retention TTL
-        cleared."""
+        cleared. Taken with the ended-job marker naming ``job`` -> 2; naming another
+        job -> the group moves to the end and the marker goes."""
         await self._enter("acquire", stream, token, ttl_ms)
         key = self.keys.lock(stream)
         lock = self._live_lock(key)
+        ended = self.ended.get(stream)
         if lock is not None and replace and lock.token == replace:
             del self._locks[key]
             lock = None
         if lock is not None:
-            taken = lock.token == token
-            if taken:
+            taken = 0
+            if lock.token == token:
                 lock.expires_at_ms = self.clock() + ttl_ms
+                taken = 2 if ended is not None and ended == job else 1
         else:
             self._locks[key] = _Lock(token, self.clock() + ttl_ms)
             s = self._data_stream(stream)
@@ -735,7 +794,12 @@ class FakeGateway:
             if s.group is None:
                 s.group = _Group()
             s.expires_at_ms = None
-            taken = True
+            taken = 1
+            if ended is not None and ended == job:
+                taken = 2
+            elif ended is not None:
+                self._skip_to_end(s)
+                del self.ended[stream]
         await self._leave("acquire")
         return taken
 
@@ -861,9 +925,11 @@ class FakeGateway:
         ack: Sequence[str] = (),
         *,
         cancelled: bool = False,
+        job: str = "",
     ) -> bool:
-        """seal.lua: token check; XACK ``ack`` (everything pending if ``cancelled``);
-        drop the cancel marker; PEXPIRE the stream if ``keep_ms`` > 0."""
+        """seal.lua: token check; XACK ``ack`` (everything pending if ``cancelled``, and
+        ``job`` marked ended); drop the cancel marker; PEXPIRE the stream if ``keep_ms``
+        > 0."""
         await self._enter("seal", stream, token, keep_ms, tuple(ack))
         lock = self._live_lock(self.keys.lock(stream))
         sealed = lock is not None and lock.token == token
@@ -875,6 +941,8 @@ class FakeGateway:
                 if cancelled:  # skip the rest of the job: XACK all, XGROUP SETID $
                     s.group.pel.clear()
                     s.group.last_delivered = s.last_id
+            if cancelled:
+                self.ended[stream] = job
             self.cancels.pop(stream, None)
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms

@@ -173,10 +173,7 @@ class FakeWorld:
         self.fake.close(name)
 
     async def cancel(self, name: str, reason: str) -> None:
-        if not await self.named(name):
-            return  # over already: NOT_FOUND, nothing written
-        if not self.fake.cancel_queued(name):  # delivered: its owner ends it
-            self.fake.signal_cancel(name, reason)
+        self.fake.cancel(name, reason)
 
     async def expire_session(self, consumer: str) -> None:
         self.fake.sessions.pop(consumer, None)
@@ -440,10 +437,16 @@ class SeamsModel(RuleBasedStateMachine):
     def _open_jobs(self) -> list[tuple[str, Job]]:
         return [(n, j) for n, j in self.jobs.items() if not j.closed and not j.truncated]
 
-    @precondition(lambda self: bool(self._open_jobs()))
+    def _unclosed_jobs(self) -> list[tuple[str, Job]]:
+        return [(n, j) for n, j in self.jobs.items() if not j.closed]
+
+    @precondition(lambda self: bool(self._unclosed_jobs()))
     @rule(data=st.data(), count=st.integers(1, 6))
     def append(self, data: st.DataObject, count: int) -> None:
-        name, job = data.draw(st.sampled_from(self._open_jobs()))
+        """Entries for a job; also for one that ended early (cancelled, or finished by
+        its handler), whose producer does not know: they belong to that job, never to
+        the next job of the name."""
+        name, job = data.draw(st.sampled_from(self._unclosed_jobs()))
         for _ in range(count):
             fields = {"job": str(job.number), "k": str(len(job.appended))}
             job.appended.append(self._call(self.world.append, name, fields))
@@ -475,8 +478,7 @@ class SeamsModel(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._open_jobs()))
     @rule(data=st.data())
     def finish_early(self, data: st.DataObject) -> None:
-        """An entry whose handler calls ``finish(stream)``: what follows may be skipped.
-        (The producer appends nothing more to that job.)"""
+        """An entry whose handler calls ``finish(stream)``: what follows may be skipped."""
         name, job = data.draw(st.sampled_from(self._open_jobs()))
         fields = {"job": str(job.number), "k": str(len(job.appended)), "finish": "1"}
         job.appended.append(self._call(self.world.append, name, fields))

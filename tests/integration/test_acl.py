@@ -172,6 +172,15 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
     await producer.add_stream(queued)
     await producer.append(queued, {"n": "0"})
     assert await producer.cancel_stream(queued) is CancelOutcome.REMOVED
+    # One whose owner read its end marker and still holds the lock: the cancel is moot
+    # (the script reads the group's position).
+    ending = f"data:{service}:ending"
+    await admin.xadd(ending, {"_eos": "1"})
+    await admin.xgroup_create(ending, service, "$")
+    await admin.set(keys.lock(ending), "owner:1", px=60_000)
+    assert await producer.cancel_stream(ending) is CancelOutcome.SIGNALLED
+    assert not await admin.exists(keys.cancel(ending))
+    await admin.delete(keys.lock(ending))
     assert await denials(admin) == []
     assert await admin.xlen(keys.dead_letters) == len(streams)
     assert (await admin.xpending(keys.assignments, service))["pending"] == 0

@@ -1,0 +1,37 @@
+-- start_job.lua: the data-stream half of Producer.add_stream, after add.lua queued or
+-- found the job (docs/design.md#job-identity).
+-- KEYS[1]  data stream
+-- KEYS[2]  its cancel marker
+-- KEYS[3]  its ended-job marker for this service
+-- ARGV[1]  the service's consumer group
+-- ARGV[2]  the job add.lua answered (its first assignment id)
+-- ARGV[3]  '1' if add.lua queued it now: a retention TTL and a cancel marker left by
+--          an earlier job of the name go (they must not expire or cancel this one)
+-- If an earlier job of the name ended early (the marker names another job), whatever
+-- was appended after its end belongs to it: the group moves to the stream's end (made
+-- there if missing), so this job starts after it; the marker goes. The caller appends
+-- this job's entries once add_stream returned. A marker naming this very job (a repeat
+-- of a call whose job ended early, answered from its idempotency key) is kept.
+-- Reads (the key types, the marker) come before the first write.
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'stream' and t ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream')
+end
+local ended = redis.call('GET', KEYS[3])
+if ARGV[3] == '1' then
+  if t == 'stream' then
+    redis.call('PERSIST', KEYS[1])
+  end
+  redis.call('DEL', KEYS[2])
+end
+if ended and ended ~= ARGV[2] then
+  if t == 'stream' then
+    local created = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '$')
+    if type(created) == 'table' and created['err'] then
+      redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], '$')
+    end
+  end
+  redis.call('DEL', KEYS[3])
+  return 1
+end
+return 0
