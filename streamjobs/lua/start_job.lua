@@ -12,14 +12,13 @@
 -- there if missing), so this job starts after it; the marker goes. The caller appends
 -- this job's entries once add_stream returned. A marker naming this very job (a repeat
 -- of a call whose job ended early, answered from its idempotency key) is kept.
--- Reads (the key types, the marker) come before the first write.
+-- Reads (the key's type, the marker) come before the first write.
+-- A data stream key of another type is left to the consumer (it dead-letters the
+-- assignment as unusable_stream): nothing here fails on it.
 local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'stream' and t ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream')
-end
 local ended = redis.call('GET', KEYS[3])
 if ARGV[3] == '1' then
-  if t == 'stream' then
+  if t ~= 'none' then
     redis.call('PERSIST', KEYS[1])
   end
   redis.call('DEL', KEYS[2])
