@@ -51,7 +51,7 @@ import anyio.to_thread
 import redis as redis_sync
 from redis.asyncio import Redis
 
-from streamjobs import Message, Producer, StreamConsumer, StreamJobsError
+from streamjobs import Inspector, Message, Producer, StreamConsumer, StreamJobsError, StreamState
 from streamjobs._keys import Keys
 from streamjobs._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from streamjobs.testing import RedisServer, RedisServerError, WorkerError, WorkerFleet
@@ -255,16 +255,15 @@ class State:
 
 
 async def _lock_owners(client: Any, keys: Keys, streams: Sequence[str]) -> dict[str, str]:
-    """stream -> owner consumer name, from lock tokens ``<consumer>:<random>``."""
-    async with client.pipeline(transaction=False) as pipe:
-        for s in streams:
-            pipe.get(keys.lock(s))
-        tokens = await pipe.execute()
-    return {
-        stream: str(token).rsplit(":", 1)[0]
-        for stream, token in zip(streams, tokens, strict=True)
-        if token
-    }
+    """stream -> the consumer that owns it (``Inspector.stream_status``, which reads
+    the owner from the lock in either liveness mode)."""
+    inspector = Inspector(client, service=keys.service, key_prefix=keys.prefix)
+    owners = {}
+    for s in streams:
+        status = await inspector.stream_status(s)
+        if status.state is StreamState.OWNED and status.owner:
+            owners[s] = status.owner
+    return owners
 
 
 async def _produce(client: Any, plan: Plan, state: State) -> None:

@@ -129,9 +129,11 @@ class ConsumerConfig:
             consumers in the group): four cheap reads. Only with a recorder other than
             the default; None turns it off.
         key_prefix: prefix of every key (docs/design.md#keys).
-        liveness: how an owner proves it is alive (:class:`Liveness`): ``LOCK`` (every
-            lock renewed every heartbeat) or ``SESSION`` (one session key renewed per
-            heartbeat; docs/design.md#liveness).
+        liveness: how an owner proves it is alive (:class:`Liveness`): ``SESSION``, the
+            default (one session key renewed per heartbeat), or ``LOCK`` (every lock
+            renewed every heartbeat: for fleets that share streams with the Go library,
+            whose consumers read a lock as alive while it exists;
+            docs/design.md#liveness).
     """
 
     lock_ttl_s: float = 10.0
@@ -152,7 +154,7 @@ class ConsumerConfig:
     stream_idle_timeout_s: float | None = 3600.0
     sample_interval_s: float | None = 15.0
     key_prefix: str = DEFAULT_PREFIX
-    liveness: Liveness = Liveness.LOCK
+    liveness: Liveness = Liveness.SESSION
 
     def __post_init__(self) -> None:
         _positive("lock_ttl_s", self.lock_ttl_s)

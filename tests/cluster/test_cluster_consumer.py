@@ -16,6 +16,7 @@ from streamjobs import (
     ClusterMode,
     ClusterNotSettled,
     ConsumerConfig,
+    Liveness,
     Message,
     NullRecorder,
     Producer,
@@ -215,8 +216,13 @@ async def test_graceful_failover_loses_nothing_and_is_detected(
     assert len(c.handled) == 60 * len(streams)
 
 
+@pytest.mark.parametrize("liveness", [Liveness.LOCK, Liveness.SESSION])
 async def test_crash_failover_under_load(
-    fresh_cluster: LocalCluster, fresh_client: RedisCluster, service: str, uid: str
+    fresh_cluster: LocalCluster,
+    fresh_client: RedisCluster,
+    service: str,
+    uid: str,
+    liveness: Liveness,
 ) -> None:
     rc = fresh_client
     streams = names_on_each_primary(rc, f"d:{uid}", per_primary=3)
@@ -230,7 +236,7 @@ async def test_crash_failover_under_load(
     on_victim = [s for s in streams if rc.get_node_from_key(s).port == victim]
     # lock_ttl above the ~3.5 s failover time, so owned streams ride through it.
     # Small batches: progress beyond what is already in memory needs Redis again.
-    cfg = ConsumerConfig(lock_ttl_s=8, read_block_ms=100, read_batch_size=2)
+    cfg = ConsumerConfig(lock_ttl_s=8, read_block_ms=100, read_batch_size=2, liveness=liveness)
     rec = RecoveryConfig(min_idle_s=12, interval_s=2, topology_check_interval_s=0.5)
     a = Slow(rc, service=service, cluster_mode=ClusterMode.OSS, config=cfg, recovery=rec)
     b = Slow(rc, service=service, cluster_mode=ClusterMode.OSS, config=cfg, recovery=rec)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -19,7 +20,14 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from streamjobs import ClusterMode, ConsumerConfig, Message, NullRecorder, RecoveryConfig
+from streamjobs import (
+    ClusterMode,
+    ConsumerConfig,
+    Liveness,
+    Message,
+    NullRecorder,
+    RecoveryConfig,
+)
 from streamjobs._runtime import Runtime
 from streamjobs.metrics import StreamEvent
 from tests.fakes.gateway import FakeGateway, ManualClock
@@ -32,6 +40,9 @@ FAST = ConsumerConfig(
     handler_backoff_max_s=0.05,
 )
 """Small timers: a heartbeat every 1/3 s, idle reads of 20 ms, 0.2 s of grace."""
+
+FAST_LOCK = dataclasses.replace(FAST, liveness=Liveness.LOCK)
+"""FAST under ``Liveness.LOCK``: for tests of what a heartbeat does to each lock."""
 
 NO_RECOVERY = RecoveryConfig(min_idle_s=300, interval_s=300, lease_check_interval_s=300)
 """Recovery that stays out of the way for the length of a test."""

@@ -39,7 +39,9 @@ def sync(server: RedisServer) -> Iterator[SyncRedis]:
     r.close()
 
 
+@pytest.mark.parametrize("liveness", ["lock", "session"])
 def test_sigterm_with_default_settings_hands_everything_back_before_sigkill(
+    liveness: str,
     server: RedisServer,
     sync: SyncRedis,
     service: str,
@@ -53,7 +55,10 @@ def test_sigterm_with_default_settings_hands_everything_back_before_sigkill(
         sync.xadd(lbs, build_fields(s, {}))
     sync.xadd(lbs, build_fields(busy, {"work_ms": 120_000}))  # stuck in its handler
     entry = sync.xadd(busy, {"n": "0"})
-    fleet = worker_fleet_factory(server.url, TARGET, ["--concurrency", "10"])  # defaults
+    # Defaults but the liveness.
+    fleet = worker_fleet_factory(
+        server.url, TARGET, ["--concurrency", "10", "--liveness", liveness]
+    )  # defaults
     worker = fleet.start("c0")
     wait_for(lambda: sync.lrange(begun_key(service), 0, -1), 20, "the busy handler to start")
     wait_for(

@@ -205,7 +205,9 @@ def test_poison_stream_reaches_the_dlq(
     assert not sync.exists(f"streamjobs:lock:{{{stream}}}"), "the dead owner's lock was left"
 
 
+@pytest.mark.parametrize("liveness", ["lock", "session"])
 def test_redis_restart_with_aof(
+    liveness: str,
     redis_server_factory: RedisServerFactory,
     service: str,
     uid: str,
@@ -214,7 +216,7 @@ def test_redis_restart_with_aof(
     server = redis_server_factory(appendonly=True)
     r = SyncRedis.from_url(server.url)
     streams = [f"d:{uid}:{i}" for i in range(10)]
-    fleet = worker_fleet_factory(server.url, TARGET, ARGS)
+    fleet = worker_fleet_factory(server.url, TARGET, [*ARGS, "--liveness", liveness])
     try:
         fleet.start("c0")
         fleet.start("c1")
@@ -232,7 +234,9 @@ def test_redis_restart_with_aof(
         r.close()
 
 
+@pytest.mark.parametrize("liveness", ["lock", "session"])
 def test_expiry_lag_does_not_delay_recovery(
+    liveness: str,
     redis_server_factory: RedisServerFactory,
     service: str,
     uid: str,
@@ -247,7 +251,7 @@ def test_expiry_lag_does_not_delay_recovery(
             pipe.execute()
     pipe.execute()
     streams = [f"d:{uid}:{i}" for i in range(6)]
-    fleet = worker_fleet_factory(server.url, TARGET, ARGS)
+    fleet = worker_fleet_factory(server.url, TARGET, [*ARGS, "--liveness", liveness])
     try:
         victim = fleet.start("c0")
         total = produce(r, service, streams, 20, {"work_ms": 80})

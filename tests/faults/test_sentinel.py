@@ -16,7 +16,7 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio.sentinel import Sentinel
 
-from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+from streamjobs import ConsumerConfig, Liveness, Message, Producer, RecoveryConfig, StreamConsumer
 from streamjobs._keys import Keys
 from tests.harness.sentinel import MASTER, SentinelGroup
 from tests.integration._helpers import eventually
@@ -59,8 +59,9 @@ class Slow(StreamConsumer):
     r"ignore:Exception ignored in. <function AbstractConnection.__del__"
     ":pytest.PytestUnraisableExceptionWarning"
 )
+@pytest.mark.parametrize("liveness", [Liveness.LOCK, Liveness.SESSION])
 async def test_consumers_follow_a_failover_and_lose_nothing(
-    sentinels: SentinelGroup, uid: str
+    sentinels: SentinelGroup, uid: str, liveness: Liveness
 ) -> None:
     sentinel = Sentinel(sentinels.sentinels, socket_timeout=2)  # type: ignore[no-untyped-call]
     client = sentinel.master_for(MASTER, socket_timeout=5, socket_connect_timeout=2)
@@ -78,7 +79,9 @@ async def test_consumers_follow_a_failover_and_lose_nothing(
     # All of it on the replica before the primary dies.
     assert admin.execute_command("WAIT", 1, 5000) == 1  # type: ignore[no-untyped-call]
     admin.close()
-    config = ConsumerConfig(lock_ttl_s=2, read_block_ms=300, max_concurrent_streams=3)
+    config = ConsumerConfig(
+        lock_ttl_s=2, read_block_ms=300, max_concurrent_streams=3, liveness=liveness
+    )
     recovery = RecoveryConfig(min_idle_s=3, interval_s=1, lease_check_interval_s=0.5)
     consumers = [Slow(client, service=service, config=config, recovery=recovery) for _ in range(2)]
     async with consumers[0], consumers[1]:

@@ -15,6 +15,7 @@ from streamjobs import (
     ConsumerConfig,
     DeadLetter,
     DeadLetterReason,
+    Liveness,
     Message,
     Producer,
     RecoveryConfig,
@@ -118,9 +119,15 @@ class Blocking(Recorder):
         await super().handle(message)
 
 
+@pytest.mark.parametrize("liveness", [Liveness.LOCK, Liveness.SESSION])
 @pytest.mark.parametrize("how", ["delete", "overwrite"])
 async def test_lost_lock_stops_handing_entries_and_refuses_acks(
-    redis: AsyncRedis, service: str, uid: str, make_consumer: MakeConsumer, how: str
+    redis: AsyncRedis,
+    service: str,
+    uid: str,
+    make_consumer: MakeConsumer,
+    how: str,
+    liveness: Liveness,
 ) -> None:
     stream = f"data:{uid}"
     # What is checked is the disowned acquisition, so recovery must not hand the stream
@@ -128,7 +135,7 @@ async def test_lost_lock_stops_handing_entries_and_refuses_acks(
     # (the sweep wakes at the lease deadline, and a deleted lock is a dead owner), so
     # recovery may run but cannot re-queue: with max_retries=0 its one move is to
     # dead-letter the assignment, which leaves the data stream as the loss left it.
-    c = make_consumer(Blocking, recovery=NO_REQUEUE)
+    c = make_consumer(Blocking, recovery=NO_REQUEUE, liveness=liveness)
     assert isinstance(c, Blocking)
     c.entered, c.release = anyio.Event(), anyio.Event()
     async with c:
@@ -144,6 +151,10 @@ async def test_lost_lock_stops_handing_entries_and_refuses_acks(
         async def lost() -> bool:
             return stream in c.lost
 
+        if liveness is Liveness.SESSION:
+            # The heartbeat renews the session, not the lock: the loss is found by
+            # the fenced read after the call in flight.
+            c.release.set()
         await eventually(lost, timeout_s=10)
         c.release.set()
         # Give the consumer every chance to (wrongly) go on: it must not.

@@ -29,6 +29,7 @@ from streamjobs.metrics import StreamEvent
 from tests.fakes.gateway import FakeGateway
 from tests.fakes.runtime import (
     FAST,
+    FAST_LOCK,
     TEST_TIMEOUT_S,
     RecordingHooks,
     RecordingMetrics,
@@ -211,7 +212,7 @@ async def test_a_heartbeat_racing_a_finish_does_not_report_a_loss(fake: FakeGate
 
     hooks = RecordingHooks(until_heartbeat)
     metrics = RecordingMetrics()
-    runtime = make_runtime(fake, hooks, metrics=metrics)
+    runtime = make_runtime(fake, hooks, metrics=metrics, config=FAST_LOCK)
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with running(runtime):
             await gate.entered.wait()
@@ -283,7 +284,7 @@ async def test_a_heartbeat_succeeds_in_part_when_one_node_is_away(fake: FakeGate
     fake.append("s2", {"n": "0"})
     hooks = RecordingHooks()
     metrics = RecordingMetrics()
-    runtime = make_runtime(fake, hooks, metrics=metrics)
+    runtime = make_runtime(fake, hooks, metrics=metrics, config=FAST_LOCK)
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with running(runtime):
             await eventually(lambda: len(hooks.handled) == 2, "one entry of each")

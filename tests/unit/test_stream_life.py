@@ -19,6 +19,7 @@ from streamjobs.metrics import StreamEvent
 from tests.fakes.gateway import FakeGateway
 from tests.fakes.runtime import (
     FAST,
+    FAST_LOCK,
     TEST_TIMEOUT_S,
     RecordingHooks,
     RecordingMetrics,
@@ -223,7 +224,8 @@ async def test_lock_expiring_under_the_consumer_stops_it_and_acks_nothing_more(
 
     hooks = RecordingHooks(block_on_second)
     metrics = RecordingMetrics()
-    runtime = make_runtime(fake, hooks, metrics=metrics)
+    # LOCK: the heartbeat extends the lock itself, and so finds it gone.
+    runtime = make_runtime(fake, hooks, metrics=metrics, config=FAST_LOCK)
     runtime.entry_size_hint = 1  # small entries seen before: read all three at once
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with running(runtime):
