@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import random
 import secrets
 import shutil
@@ -25,18 +26,42 @@ import anyio.abc
 import anyio.to_thread
 from redis.asyncio import Redis
 
+from streamjobs import DeadLetterFilter, DeadLetterRecord, DeadLetters
 from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer, Worker, WorkerFleet
 
 from .history import (
+    FINISH,
+    POISON,
+    REJECT,
+    TAIL,
+    Call,
     ExclusiveReport,
     History,
+    Replay,
+    account,
     check_exclusive,
     check_order,
+    downstream,
+    foreign_calls,
     parse,
+    replay_caused,
+    replay_tainted,
+    rerun_jobs,
     restarted_after_finish,
 )
-from .produce import ProducePlan, ProducerError, StreamProducer
+from .produce import (
+    ALL_MIX,
+    CANCEL,
+    EARLY_FINISH,
+    MIX_CANCEL,
+    MIX_FINISH,
+    MIX_REJECT,
+    MIX_REUSE,
+    ProducePlan,
+    ProducerError,
+    StreamProducer,
+)
 from .stores import (
     CONN_DROP,
     KILL9,
@@ -48,7 +73,7 @@ from .stores import (
     StandaloneStore,
     Store,
 )
-from .worker import EVENTS_KEY, HANDLED_KEY, RECORD_URL_ENV
+from .worker import EVENTS_KEY, HANDLED_KEY, RECORD_URL_ENV, REJECT_REASON
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 TARGET: Final = "soak.worker:SoakWorker"
@@ -58,6 +83,9 @@ _LOG_TAIL_LINES: Final = 40
 _EXIT_INTERRUPTED: Final = 130
 # How long the drain waits before it checks whether what is left can ever finish.
 _DRAIN_PATIENCE_S: Final = 20.0
+LOCK_MODE: Final = "lock"
+SESSION_MODE: Final = "session"
+MIXED: Final = "mixed"
 
 
 # -- settings ------------------------------------------------------------------------------
@@ -89,6 +117,13 @@ class Settings:
     drain_timeout_s: float
     progress_s: float
     keep_logs: Path | None
+    mix: tuple[str, ...] = ALL_MIX
+    reject_rate: float = 0.01
+    cancel_rate: float = 0.1
+    finish_rate: float = 0.1
+    name_pool: int = 18
+    replay_every_s: float = 3.0
+    liveness: str = MIXED
 
     def worker_args(self) -> list[str]:
         return [
@@ -145,6 +180,27 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     )
     p.add_argument("--poison-rate", type=float, default=0.003, help="entries that always fail")
     p.add_argument("--flaky-rate", type=float, default=0.02, help="entries that fail once")
+    p.add_argument(
+        "--mix",
+        default="all",
+        help="comma-separated subset of the producer's kinds: cancel (jobs cancelled), "
+        "finish (jobs finished early by the handler), reject (entries dead-lettered by "
+        "the handler, then replayed), reuse (stream names from a bounded pool); all (the "
+        "default) or none",
+    )
+    p.add_argument("--reject-rate", type=float, default=0.01, help="entries the handler rejects")
+    p.add_argument("--cancel-rate", type=float, default=0.1, help="jobs cancelled")
+    p.add_argument("--finish-rate", type=float, default=0.1, help="jobs finished early")
+    p.add_argument(
+        "--name-pool", type=int, default=None, help="stream names (default open streams + 6)"
+    )
+    p.add_argument("--replay-every-s", type=float, default=3.0, help="DLQ replay period")
+    p.add_argument(
+        "--liveness",
+        choices=(MIXED, LOCK_MODE, SESSION_MODE),
+        default=MIXED,
+        help="the workers' Liveness; mixed: half LOCK, half SESSION (default)",
+    )
     p.add_argument("--drain-timeout-s", type=float, default=120.0)
     p.add_argument("--progress-s", type=float, default=3.0)
     p.add_argument("--keep-logs", type=Path, default=None, help="copy all logs here at the end")
@@ -153,9 +209,21 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         p.error("--workers must be >= 3")
     if not 0 < ns.fault_min_s <= ns.fault_max_s:
         p.error("need 0 < --fault-min-s <= --fault-max-s")
-    for name in ("duration_s", "rate", "drain_timeout_s", "progress_s"):
+    for name in ("duration_s", "rate", "drain_timeout_s", "progress_s", "replay_every_s"):
         if getattr(ns, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
+    if ns.mix in ("all", "none"):
+        mix = ALL_MIX if ns.mix == "all" else ()
+    else:
+        mix = tuple(m.strip() for m in ns.mix.split(",") if m.strip())
+        unknown_mix = sorted(set(mix) - set(ALL_MIX))
+        if unknown_mix:
+            p.error(f"unknown --mix kinds: {unknown_mix} (choose from {ALL_MIX})")
+    if ns.cancel_rate + ns.finish_rate > 1:
+        p.error("--cancel-rate + --finish-rate must be <= 1")
+    pool = ns.name_pool if ns.name_pool is not None else ns.open_streams + 6
+    if pool <= ns.open_streams:
+        p.error("--name-pool must exceed --open-streams")
     available = ALL_FAULTS[ns.target]
     if ns.faults == "all":
         faults = available
@@ -190,6 +258,13 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         drain_timeout_s=ns.drain_timeout_s,
         progress_s=ns.progress_s,
         keep_logs=ns.keep_logs,
+        mix=mix,
+        reject_rate=ns.reject_rate if MIX_REJECT in mix else 0.0,
+        cancel_rate=ns.cancel_rate if MIX_CANCEL in mix else 0.0,
+        finish_rate=ns.finish_rate if MIX_FINISH in mix else 0.0,
+        name_pool=pool if MIX_REUSE in mix else 0,
+        replay_every_s=ns.replay_every_s,
+        liveness=ns.liveness,
     )
 
 
@@ -210,6 +285,7 @@ class Proc:
     """One worker process and what the soak did to it."""
 
     worker: Worker
+    liveness: str = LOCK_MODE
     fate: str = RUNNING
     stopped: bool = False  # SIGSTOPped right now
     stops: list[tuple[int, int]] = field(default_factory=list)  # (SIGSTOP, SIGCONT) unix ns
@@ -287,6 +363,14 @@ class Soak:
         self._side: Any = None
         self._data: Any = None  # the producer's client (no redis-py retries)
         self._check: Any = None  # a client for progress and checks
+        self._dlq: DeadLetters | None = None  # replays the handler's rejects
+        self._replay_lock = anyio.Lock()
+        self.replays: list[Replay] = []  # every dead letter put back
+        self.replay_rounds = 0  # replay calls that put something back
+        self.replay_skipped = 0  # dead letters a replay left in place (busy, or gone)
+        self.replay_errors: Counter[str] = Counter()
+        self.replayed_reasons: Counter[str] = Counter()
+        self.base_args: list[str] = []
         self.records: list[str] = []  # the workers' records, read at the end
 
     # -- helpers -------------------------------------------------------------------------
@@ -313,9 +397,21 @@ class Soak:
         self.fleet.url = url
         name = f"w{self._next_worker}"
         self._next_worker += 1
-        proc = Proc(self.fleet.start(name))
+        mode = self._next_liveness()
+        # The fleet reads its args at each start: this worker's liveness goes last.
+        self.fleet.args = [*self.base_args, "--liveness", mode]
+        proc = Proc(self.fleet.start(name), liveness=mode)
         self.procs.append(proc)
         return proc
+
+    def _next_liveness(self) -> str:
+        """``--liveness mixed``: the mode fewer live workers run (then fewer started)."""
+        if self.s.liveness != MIXED:
+            return self.s.liveness
+        modes = (LOCK_MODE, SESSION_MODE)
+        live = Counter(p.liveness for p in self.procs if p.fate in (RUNNING, TERMINATING))
+        started = Counter(p.liveness for p in self.procs)
+        return min(modes, key=lambda m: (live[m], started[m]))
 
     # -- phases --------------------------------------------------------------------------
 
@@ -330,11 +426,12 @@ class Soak:
         self.stack.callback(self.store.stop)
         await self._thread(self.store.start)
         self.say(f"data store: {self.store.describe()}; side server: {self.side.url}")
+        self.base_args = [*self.store.worker_args(), *s.worker_args()]
         self.fleet = WorkerFleet(
             self.store.worker_url(),
             self.service,
             TARGET,
-            [*self.store.worker_args(), *s.worker_args()],
+            self.base_args,
             pythonpath=[ROOT],
             env={RECORD_URL_ENV: self.side.url},
             cwd=ROOT,
@@ -343,6 +440,7 @@ class Soak:
         self._side = Redis.from_url(self.side.url)
         self._data = self.store.client(retries=False)
         self._check = self.store.client(retries=True)
+        self._dlq = DeadLetters(self._check, service=self.service)
         for _ in range(s.workers):
             await self.start_worker()
         slow = await self._thread(self.fleet.wait_started, 30.0)
@@ -359,6 +457,10 @@ class Soak:
                 work_ms=s.work_ms,
                 poison_rate=s.poison_rate,
                 flaky_rate=s.flaky_rate,
+                reject_rate=s.reject_rate,
+                cancel_rate=s.cancel_rate,
+                finish_rate=s.finish_rate,
+                name_pool=s.name_pool,
             ),
             random.Random(f"{s.seed}-produce"),
         )
@@ -377,6 +479,8 @@ class Soak:
         async with anyio.create_task_group() as background:
             background.start_soon(self.monitor_loop)
             background.start_soon(self.progress_loop)
+            if self.s.reject_rate > 0:
+                background.start_soon(self.replay_loop)
             async with anyio.create_task_group() as followups:
                 async with anyio.create_task_group() as active:
                     active.start_soon(self.produce, stop_at)
@@ -612,20 +716,108 @@ class Soak:
             backlog = int(await self._check.xlen(self.keys.assignments))
         prod = self.producer
         produced = prod.entries if prod else 0
-        streams = len(prod.streams) if prod else 0
+        jobs = len(prod.jobs) if prod else 0
         faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"
         running = self.running()
         stopped = sum(1 for p in running if p.stopped)
         workers = f"{len(running)}" + (f" ({stopped} SIGSTOPped)" if stopped else "")
         self.say(
-            f"{self.phase}: produced={produced} streams={streams} handled={handled} "
-            f"assignments_queued={backlog} workers={workers} faults: {faults}"
+            f"{self.phase}: produced={produced} jobs={jobs} handled={handled} "
+            f"replayed={len(self.replays)} assignments_queued={backlog} workers={workers} "
+            f"faults: {faults}"
         )
+
+    # -- dead-letter replays ----------------------------------------------------------------
+
+    async def replay_loop(self) -> None:
+        """Put the handler's rejects back every ``--replay-every-s``, faults or not."""
+        while True:
+            await anyio.sleep(self.s.replay_every_s)
+            await self.replay_round()
+
+    async def replay_round(self) -> int:
+        """Replay every dead letter the handler rejected (``DeadLetterFilter`` by its
+        reason text); log what went where. Returns how many it found (-1: the round failed)."""
+        assert self._dlq is not None
+        selection = DeadLetterFilter(reason=REJECT_REASON)
+        async with self._replay_lock:
+            t0 = now_ns()
+            try:
+                letters = await self._dlq.select(selection)
+            except Exception as exc:
+                self.replay_errors[type(exc).__name__] += 1
+                return -1
+            if not letters:
+                return 0
+            # A replay that queues a new job gives it the info of the first dead letter
+            # of its stream: that is the job it runs under.
+            first_job: dict[str, str] = {}
+            for r in letters:
+                first_job.setdefault(r.source_stream, str(r.info.get("job", "")))
+            try:
+                report = await self._dlq.replay([r.id for r in letters])
+            except Exception as exc:
+                self.replay_errors[type(exc).__name__] += 1
+                await self._after_failed_replay(letters, first_job, t0)
+                return -1
+            t1 = now_ns()
+            by_id = {r.id: r for r in letters}
+            for done in report.replayed:
+                letter = by_id[done.dead_letter_id]
+                self._log_replay(letter, first_job, done.new_id, done.reassigned, t0, t1)
+            if report.replayed:
+                self.replay_rounds += 1
+            self.replay_skipped += len(report.skipped)
+            return len(letters)
+
+    def _log_replay(
+        self,
+        letter: DeadLetterRecord,
+        first_job: dict[str, str],
+        new_id: str,
+        reassigned: bool,
+        t0: int,
+        t1: int,
+    ) -> None:
+        self.replayed_reasons[letter.reason.value if letter.reason else "?"] += 1
+        self.replays.append(
+            Replay(
+                stream=letter.source_stream,
+                origin_id=letter.fields.get("_replayed_from") or letter.source_id,
+                new_id=new_id,
+                job=first_job[letter.source_stream],
+                reassigned=reassigned,
+                start_ns=t0,
+                end_ns=t1,
+            )
+        )
+
+    async def _after_failed_replay(
+        self, letters: list[DeadLetterRecord], first_job: dict[str, str], t0: int
+    ) -> None:
+        """A replay call failed midway: the dead letters it removed were put back (a
+        replay removes a dead letter only once its entry is in place). Log those with
+        what is known: no copy id (the streams, read at the end, tell), and "may have
+        queued a new job" (the rerun rule's excuse)."""
+        with anyio.move_on_after(10.0):
+            while True:
+                try:
+                    assert self._dlq is not None
+                    selection = DeadLetterFilter(reason=REJECT_REASON)
+                    remaining = {r.id for r in await self._dlq.select(selection)}
+                    break
+                except Exception:
+                    await anyio.sleep(0.5)
+            t1 = now_ns()
+            for letter in letters:
+                if letter.id not in remaining:
+                    self._log_replay(letter, first_job, "", True, t0, t1)
 
     # -- drain and stop --------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait until every assignment is finished (or dead-lettered) and no lock is left."""
+        """Wait until every assignment is finished (or dead-lettered), no lock is left
+        and no rejected dead letter waits for its replay (replayed here until none)."""
         started = self.production_stopped or time.monotonic()
         deadline = time.monotonic() + self.s.drain_timeout_s
         last = "not checked yet"
@@ -633,7 +825,14 @@ class Soak:
             try:
                 queued = int(await self._check.xlen(self.keys.assignments))
                 locks = await self._thread(self.store.keys_matching, self.keys.lock_pattern)
-                if queued == 0 and not locks:
+                # After those reads: with no job left, no reject can be dead-lettered
+                # once this round found none.
+                rejects = await self.replay_round() if self.s.reject_rate > 0 else 0
+                if rejects != 0:
+                    last = f"{queued} assignments queued, {len(locks)} locks held, " + (
+                        "rejected dead letters unknown" if rejects < 0 else "replaying rejects"
+                    )
+                elif queued == 0 and not locks:
                     self.drain_s = time.monotonic() - started
                     self.say(f"drained {self.drain_s:.1f}s after production stopped")
                     return
@@ -652,13 +851,20 @@ class Soak:
         self.say(self.drain_problem)
 
     async def _only_reruns(self) -> bool:
-        """Every queued assignment names a stream some worker already finished."""
+        """Every queued assignment names a job some worker already ended (by its stream
+        and the job in its info), and no replay queued that job again."""
         queued = await self._check.xrange(self.keys.assignments)
         if not queued:
             return False
         raw = await self._side.lrange(EVENTS_KEY, 0, -1)
-        finished = {r.split(b"|")[3].decode() for r in raw if r.startswith(b"F|")}
-        return all(_s(fields.get(b"stream", b"")) in finished for _, fields in queued)
+        history = parse(r.decode() for r in raw)
+        ended = {(ep.stream, ep.job) for ep in history.episodes.values() if ep.ended}
+        replayed = {(r.stream, r.job) for r in self.replays if r.reassigned}
+        for _, fields in queued:
+            key = (_s(fields.get(b"stream", b"")), _info_job(fields.get(b"info", b"{}")))
+            if key not in ended or key in replayed:
+                return False
+        return True
 
     async def stop_fleet(self) -> None:
         assert self.fleet is not None
@@ -714,9 +920,18 @@ class Soak:
         data_pending: dict[str, int] = {}
         pending_detail: dict[str, str] = {}
         no_retention: list[str] = []
-        for name in self.producer.streams:
+        copies: list[tuple[str, str, str]] = []
+        for name in sorted(self.producer.names):
             entries = await c.xrange(name)
-            in_stream[name] = {_s(i) for i, f in entries if b"_eos" not in f}
+            # The producer's entries: not end markers, not copies a replay put back.
+            in_stream[name] = {
+                _s(i) for i, f in entries if b"_eos" not in f and b"_replayed_from" not in f
+            }
+            copies += [
+                (name, _s(f[b"_replayed_from"]), _s(i))
+                for i, f in entries
+                if b"_replayed_from" in f
+            ]
             if int(await c.pttl(name)) == -1:
                 no_retention.append(name)
             try:
@@ -739,11 +954,27 @@ class Soak:
             lbs_len=int(await c.xlen(self.keys.assignments)),
             lbs_pending=int((await c.xpending(self.keys.assignments, self.service))["pending"]),
             leases=int(await c.zcard(self.keys.leases)),
+            lease_members=await self._lease_members(),
             active=int(await c.hlen(self.keys.active)),
             locks=await self._thread(self.store.keys_matching, self.keys.lock_pattern),
             pending_detail=pending_detail,
             no_retention=no_retention,
+            copies=copies,
         )
+
+    async def _lease_members(self) -> list[tuple[str, float, bool]]:
+        """(assignment id, seconds to its deadline, whether the assignment exists) of
+        every lease member left."""
+        c = self._check
+        members = await c.zrange(self.keys.leases, 0, -1, withscores=True)
+        seconds, micros = await c.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        out = []
+        for member, score in members:
+            aid = _s(member)
+            exists = bool(await c.xrange(self.keys.assignments, aid, aid))
+            out.append((aid, (float(score) - now_ms) / 1000, exists))
+        return out
 
     def keep_logs(self) -> None:
         dest = self.s.keep_logs
@@ -756,10 +987,33 @@ class Soak:
         (dest / "store.log").write_text(self.store.log_tails(100_000))
         (dest / "faults.log").write_text("\n".join(self.fault_log) + "\n")
         (dest / "records.txt").write_text("\n".join(self.records) + "\n")
+        if self.producer is not None:
+            (dest / "jobs.txt").write_text(
+                "".join(
+                    f"job {_describe_job(j)}; {j.name} assignment {j.assignment_id} floor "
+                    f"{j.floor_id} end_at {j.end_at} tail {j.tail} reason {j.cancel_reason!r}"
+                    f" finish {j.finish_id or '-'} eos {j.eos_id or '-'}; entries "
+                    + " ".join(
+                        f"{eid}:{seq}{':' + kind if kind else ''}" for eid, seq, kind in j.entries
+                    )
+                    + "\n"
+                    for j in self.producer.jobs.values()
+                )
+            )
+        (dest / "replays.txt").write_text("".join(f"{r}\n" for r in self.replays))
 
 
 def _s(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _info_job(raw: Any) -> str:
+    """The job an assignment's (or a dead letter's) ``info`` JSON names ('' if none)."""
+    try:
+        info = json.loads(_s(raw))
+    except ValueError:
+        return ""
+    return str(info.get("job", "")) if isinstance(info, dict) else ""
 
 
 @dataclass
@@ -777,6 +1031,10 @@ class State:
     locks: list[str]
     pending_detail: dict[str, str]  # stream -> pending entries by consumer
     no_retention: list[str]  # streams without a TTL (finished_stream_ttl_s not applied)
+    copies: list[tuple[str, str, str]] = field(default_factory=list)
+    lease_members: list[tuple[str, float, bool]] = field(default_factory=list)
+    """(assignment id, seconds to its deadline, whether the assignment exists)."""
+    """(stream, original id, copy id) of every replayed copy found in the streams."""
 
 
 # -- the report ------------------------------------------------------------------------------
@@ -810,6 +1068,10 @@ def _log_errors(worker: Worker) -> list[str]:
     return [ln for ln in lines if " ERROR " in ln or ln.startswith("Traceback")]
 
 
+def _row(label: str, value: str) -> str:
+    return f"{label:<17}  {value}"
+
+
 def build_report(soak: Soak, st: State) -> Report:
     s = soak.s
     prod = soak.producer
@@ -819,46 +1081,60 @@ def build_report(soak: Soak, st: State) -> Report:
     failed: list[str] = []  # the categories of the failed checks (summary line)
     relevant: set[str] = set()
     lines: list[str] = []
+    jobs = list(prod.jobs.values())
 
     # Produced: what the producer wrote (each exactly once), and what the streams hold.
-    acked = {(name, eid) for name, p in prod.streams.items() for eid, _, _ in p.entries}
-    kinds = {(name, eid): kind for name, p in prod.streams.items() for eid, _, kind in p.entries}
+    acked = {(j.name, eid) for j in jobs for eid, _, _ in j.entries}
+    kinds = {(j.name, eid): kind for j in jobs for eid, _, kind in j.entries}
     present = {(name, eid) for name, ids in st.in_stream.items() for eid in ids}
-    expected = acked | present
     vanished = acked - present
     extra = present - acked
 
-    handled = st.history.handled()
-    distinct_handled = {k for k in handled if k in expected}
-    duplicates = sum(n - 1 for n in handled.values() if n > 1)
-    duplicated_entries = sum(1 for n in handled.values() if n > 1)
-    unknown_handled = set(handled) - expected
-
-    reasons: Counter[str] = Counter()
-    dead_entries: Counter[tuple[str, str]] = Counter()
-    abandoned: dict[str, str] = {}
+    left: Counter[str] = Counter()  # dead letters by reason, at the end
+    dead_entries: dict[tuple[str, str], str] = {}
+    dead_count: Counter[tuple[str, str]] = Counter()
+    abandoned_jobs: set[int] = set()
+    abandoned_names: set[str] = set()
     for _, fields in st.dlq:
         reason = fields.get("_dlq_reason", "?")
-        reasons[reason] += 1
+        left[reason] += 1
         source = fields.get("_source_stream", "")
         if source == lbs:
-            abandoned[fields.get("stream", "?")] = reason
+            abandoned_names.add(fields.get("stream", "?"))
+            job = _info_job(fields.get("info", "{}"))
+            if job.isdigit():
+                abandoned_jobs.add(int(job))
         else:
-            dead_entries[(source, fields.get("_source_id", ""))] += 1
-    duplicate_dead_letters = sum(n - 1 for n in dead_entries.values() if n > 1)
-    non_poison_dead = [k for k in dead_entries if kinds.get(k) != "poison"]
-    abandoned_entries = (
-        {k for k in expected if k[0] in abandoned} - set(handled) - set(dead_entries)
-    )
-    lost = sorted(
-        k for k in expected if k not in handled and k not in dead_entries and k[0] not in abandoned
-    )
-    poison_total = sum(1 for k in expected if kinds.get(k) == "poison")
-    flaky_total = sum(1 for k in expected if kinds.get(k) == "flaky")
+            key = (source, fields.get("_replayed_from") or fields.get("_source_id", ""))
+            dead_entries[key] = reason
+            dead_count[key] += 1
+    written = left + soak.replayed_reasons  # every dead letter of the run
+    duplicate_dead_letters = sum(n - 1 for n in dead_count.values() if n > 1)
+    wrong_dead = [
+        f"{a} {b} ({reason}, a {kinds.get((a, b)) or 'plain'} entry)"
+        for (a, b), reason in dead_entries.items()
+        if {"handler_failed": POISON, "rejected": REJECT}.get(reason) != kinds.get((a, b))
+    ] + [
+        f"{r.stream} {r.origin_id} (rejected and replayed, a {kinds.get(k) or 'plain'} entry)"
+        for r in soak.replays
+        if kinds.get(k := (r.stream, r.origin_id)) != REJECT
+    ]
 
+    # Where each replayed copy went: the log, completed from the streams (a replay
+    # call that failed midway may have put some back).
+    logged = {(r.stream, r.origin_id, r.new_id) for r in soak.replays}
+    copies = [r for r in soak.replays if r.new_id] + [
+        Replay(stream, origin, new_id, "")
+        for stream, origin, new_id in st.copies
+        if (stream, origin, new_id) not in logged
+    ]
+    acc = account((j.record() for j in jobs), st.history, dead_entries, abandoned_jobs, copies)
+    foreign = foreign_calls(st.history)
+    foreign_entries = {(c.stream, c.entry_id) for c in foreign}
+    foreign_copies = {(c.stream, c.entry_id) for c in foreign if c.replayed_from}
     exclusive: ExclusiveReport = check_exclusive(st.history, {p.name: p.stops for p in soak.procs})
     order = check_order(st.history)
-    rerun = restarted_after_finish(st.history)
+    rerun = restarted_after_finish(st.history, soak.replays)
 
     # -- checks --
     if soak.producer_error:
@@ -867,19 +1143,75 @@ def build_report(soak: Soak, st: State) -> Report:
     if soak.drain_problem:
         failures.append(soak.drain_problem)
         failed.append("drain")
-    if lost:
-        failed.append("lost")
+    # Failures a replay causes (README.md, defects 4 and 6) are their own categories,
+    # so that a run tells them from every other: a replayed copy handed to another job,
+    # an entry appended after an early end of a job that a replay then ran again, and
+    # what follows on that name from the job that got such an entry.
+    replayed_jobs = rerun_jobs(soak.replays)
+    tail_keys = {(j.name, eid) for j in jobs for eid, _, k in j.entries if k == TAIL}
+    past_end = [c for c in st.history.calls if c.status == "ok" and c.origin in tail_keys]
+    tainted = replay_tainted(foreign, tail_keys, replayed_jobs)
+
+    def by_replay(call: Call) -> bool:
+        caused = replay_caused(call, tail_keys, replayed_jobs)
+        return caused or downstream(call.stream, call.info_job, tainted)
+
+    lost_by_replay = [
+        text in acc.lost_copies or downstream(stream, str(n), tainted)
+        for text, (stream, n) in zip(acc.lost, acc.lost_at, strict=True)
+    ]
+    if acc.lost:
+        # What a replay caused is its own category (see below and README.md).
+        if not all(lost_by_replay):
+            failed.append("lost")
+        if any(lost_by_replay):
+            failed.append("lost_replay")
         failures.append(
-            f"{len(lost)} entries lost (produced, neither handled nor dead-lettered): "
-            + ", ".join(f"{a} {b}" for a, b in lost[:10])
-            + (" ..." if len(lost) > 10 else "")
+            f"{len(acc.lost)} entries lost (produced, neither handled nor excused): "
+            + "; ".join(acc.lost[:10])
+            + (" ..." if len(acc.lost) > 10 else "")
         )
-        lost_vanished = [k for k in lost if k in vanished]
+        lost_vanished = [t for t in acc.lost if tuple(t.split(" ")[:2]) in vanished]
         if lost_vanished:
             failures.append(
                 f"  of which {len(lost_vanished)} are missing from their stream in Redis "
                 "(acknowledged to the producer, then gone: a write lost by the server)"
             )
+    if foreign:
+        if any(not by_replay(c) for c in foreign):
+            failed.append("foreign")
+        if any(by_replay(c) for c in foreign):
+            failed.append("foreign_replay")
+        failures.append(
+            f"{len(foreign_entries)} foreign entries (handed to a job they do not belong "
+            f"to; {len(foreign)} calls; {len(foreign_copies)} of the entries are replayed copies):"
+        )
+        for call in foreign[:10]:
+            copy = f", a replayed copy of {call.replayed_from}" if call.replayed_from else ""
+            if not copy and replay_caused(call, tail_keys, replayed_jobs):
+                copy = ", appended after its job ended early, which a replay then ran again"
+            elif not copy and by_replay(call):
+                copy = ", after a replay's rerun shifted the jobs of this name"
+            failures.append(
+                f"  {call.describe()}: entry of job {call.entry_job or '?'} handed to job "
+                f"{call.info_job or '?'}{copy}"
+            )
+            relevant.add(call.consumer)
+    if acc.past_end:
+        if any(not by_replay(c) for c in past_end):
+            failed.append("past_end")
+        if any(by_replay(c) for c in past_end):
+            failed.append("past_end_replay")
+        failures.append(
+            f"{len(acc.past_end)} entries appended after their job's end (a cancel, a "
+            "finish entry) were handled: " + "; ".join(acc.past_end[:10])
+        )
+    if left.get("rejected"):
+        failed.append("unreplayed")
+        failures.append(
+            f"{left['rejected']} rejected dead letters are left after the drain (every one "
+            "is replayed until none remain)"
+        )
     if exclusive.violations:
         failed.append("exclusive")
         failures.append(
@@ -896,26 +1228,31 @@ def build_report(soak: Soak, st: State) -> Report:
     if rerun:
         failed.append("rerun_finished")
         failures.append(
-            f"{len(rerun)} streams were started again after they had finished (a second "
-            "job for a finished stream: it waits for entries forever)"
+            f"{len(rerun)} jobs were started again after they had finished (a second run "
+            "of a finished job: it waits for entries forever)"
         )
-        for name, lines_ in list(rerun.items())[:5]:
-            failures.append(f"  {name}: {'; '.join(lines_)}")
+        for label, lines_ in list(rerun.items())[:5]:
+            name = label.split(" job ")[0]
+            failures.append(f"  {label}: {'; '.join(lines_)}")
             failures.extend(f"    {line}" for line in describe_stream(st.history, name))
             relevant |= {ep.consumer for ep in st.history.episodes.values() if ep.stream == name}
     if order:
         failed.append("order")
         failures.append(f"{len(order)} order violations within an episode")
         failures.extend(f"  {t}" for t in order[:5])
-    if non_poison_dead:
+    if wrong_dead:
         failed.append("dead_letters")
         failures.append(
-            f"{len(non_poison_dead)} entries dead-lettered that are not poison (only poison "
-            "entries fail every attempt): " + ", ".join(f"{a} {b}" for a, b in non_poison_dead[:5])
+            f"{len(wrong_dead)} entries dead-lettered for the wrong reason (only poison "
+            "entries fail every attempt, only reject entries are rejected): "
+            + ", ".join(wrong_dead[:5])
         )
-    if unknown_handled:
+    if acc.unknown:
         failed.append("unknown_entries")
-        failures.append(f"{len(unknown_handled)} handled entries were never produced")
+        failures.append(
+            f"{len(acc.unknown)} handled entries were never produced: "
+            + ", ".join(f"{a} {b}" for a, b in acc.unknown[:5])
+        )
     if st.history.unmatched_exits:
         failed.append("records")
         failures.append(f"{st.history.unmatched_exits} exit records without an enter record")
@@ -927,23 +1264,36 @@ def build_report(soak: Soak, st: State) -> Report:
     if st.lbs_pending:
         leftovers.append(f"{st.lbs_pending} pending assignments")
     if st.leases:
-        leftovers.append(f"{st.leases} lease members")
+        leftovers.append(
+            f"{st.leases} lease members ("
+            + ", ".join(
+                f"{aid}: due in {due:.0f}s, assignment {'exists' if there else 'gone'}"
+                for aid, due, there in st.lease_members[:5]
+            )
+            + ")"
+        )
+    # Lease members of assignments that are gone are their own category (README.md,
+    # defect 7: an owner stalled before recording its lease records it after its job was
+    # recovered and finished elsewhere).
+    stale_leases = [m for m in st.lease_members if not m[2]]
     if st.active:
         leftovers.append(f"{st.active} active-assignment index entries")
-    pending_streams = {n: c for n, c in st.data_pending.items() if c and n not in abandoned}
+    pending_streams = {n: c for n, c in st.data_pending.items() if c and n not in abandoned_names}
     if pending_streams:
         leftovers.append(
             f"pending entries in {len(pending_streams)} data streams "
             f"({', '.join(f'{n}={c}' for n, c in list(pending_streams.items())[:5])})"
         )
-    no_retention = [n for n in st.no_retention if n not in abandoned]
+    no_retention = [n for n in st.no_retention if n not in abandoned_names]
     if no_retention:
         leftovers.append(
             f"{len(no_retention)} finished data streams without their retention TTL "
             f"({', '.join(no_retention[:5])})"
         )
-    if st.locks or st.lbs_len or st.lbs_pending or st.leases or st.active:
+    if st.locks or st.lbs_len or st.lbs_pending or st.leases > len(stale_leases) or st.active:
         failed.append("left_behind_keys")
+    if stale_leases:
+        failed.append("stale_lease")
     if pending_streams or no_retention:
         # Data streams of finished assignments keep pending entries or lack their
         # retention TTL: the release after finish never ran (see README.md).
@@ -954,6 +1304,10 @@ def build_report(soak: Soak, st: State) -> Report:
             failures.append(f"  {name}: pending {st.pending_detail.get(name, '?')}")
             failures.extend(f"    {line}" for line in describe_stream(st.history, name))
             relevant |= {ep.consumer for ep in st.history.episodes.values() if ep.stream == name}
+        for name in no_retention[:3]:
+            last = max((j for j in jobs if j.name == name), key=lambda j: j.n, default=None)
+            if last is not None:
+                failures.append(f"  {name}: last job {_describe_job(last)}")
     for proc in soak.procs:
         if proc.problem:
             failures.append(f"worker {proc.name}: {proc.problem}")
@@ -966,75 +1320,171 @@ def build_report(soak: Soak, st: State) -> Report:
 
     # -- figures --
     fault_text = " ".join(f"{k}={soak.faults.get(k, 0)}" for k in s.faults)
-    reason_text = ", ".join(f"{r}={n}" for r, n in sorted(reasons.items())) or "none"
     calls = len(st.history.calls)
     statuses = Counter(c.status or "no exit" for c in st.history.calls)
     fates = Counter(p.fate for p in soak.procs)
+    modes = Counter(p.liveness for p in soak.procs)
     log_errors = {p.name: _log_errors(p.worker) for p in soak.procs}
     error_lines = sum(len(v) for v in log_errors.values())
+    entry_kinds = Counter(kinds.values())
+    names = prod.names
+    cancels = [j for j in jobs if j.cancel_outcome]
+    outcomes = Counter(j.cancel_outcome for j in cancels)
+    finishes = [j for j in jobs if j.finish_id]
+    tails = [j for j in jobs if any(k == TAIL for _, _, k in j.entries)]
+    closed_after = sum(1 for j in jobs if j.fate in (CANCEL, EARLY_FINISH) and j.closed)
+    hooks = Counter(
+        "cancelled" if ep.cancelled else "ended" for ep in st.history.episodes.values() if ep.ended
+    )
+    new_jobs = len({(r.stream, r.start_ns) for r in soak.replays if r.reassigned})
     passed = not failures
+    reasons_text = ", ".join(f"{r}={n}" for r, n in sorted(written.items())) or "none"
+    left_text = ", ".join(f"{r}={n}" for r, n in sorted(left.items())) or "none"
     lines.append("")
     lines.append(f"== soak report: target={s.target} seed={s.seed} duration={s.duration_s:g}s ==")
     lines.append(
-        f"streams            {len(prod.streams)} (entries per stream {s.entries_per_stream})"
-    )
-    lines.append(
-        f"entries produced   {len(expected)} (poison {poison_total}, flaky {flaky_total}; "
-        f"producer write errors {sum(prod.errors.values())}"
-        + (f": {dict(prod.errors)}" if prod.errors else "")
-        + f", confirmed after an error {prod.confirmed_after_error})"
-    )
-    lines.append(
-        f"entries handled    {len(distinct_handled)} distinct; handle() calls {calls} "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))})"
-    )
-    lines.append(
-        f"duplicates         {duplicates} (entries handled more than once: {duplicated_entries})"
-    )
-    lines.append(
-        f"dead letters       {len(st.dlq)}: {reason_text}"
-        + (f" (duplicate dead letters {duplicate_dead_letters})" if duplicate_dead_letters else "")
-        + (
-            f"; streams abandoned by recovery {len(abandoned)} ({len(abandoned_entries)} entries)"
-            if abandoned
-            else ""
+        _row(
+            "target",
+            f"{s.target}, {s.duration_s:g}s of faults and production"
+            + (f", drained {soak.drain_s:.1f}s later" if soak.drain_s is not None else "")
+            + f"; mix {','.join(s.mix) or 'none'}",
         )
     )
     lines.append(
-        f"faults             {fault_text} (total {sum(soak.faults.values())}; "
-        f"connections dropped {soak.dropped_connections}"
-        + (
-            f"; failovers {', '.join(f'{x:.1f}s' for x in soak.failover_s)}"
-            if soak.failover_s
-            else ""
+        _row(
+            "workers",
+            f"{len(soak.procs)} processes: LOCK {modes.get(LOCK_MODE, 0)}, SESSION "
+            f"{modes.get(SESSION_MODE, 0)} ("
+            + ", ".join(f"{fate} {n}" for fate, n in sorted(fates.items()))
+            + f"); ERROR/Traceback log lines {error_lines}",
         )
-        + ")"
     )
-    lines.append(f"lost               {len(lost)}")
+    lines.append(
+        _row(
+            "jobs",
+            f"{len(jobs)}: closed {sum(1 for j in jobs if j.fate not in (CANCEL, EARLY_FINISH))}"
+            f", cancelled {len(cancels)}, finished early {len(finishes)}; add_stream "
+            f"deduplicated {prod.deduplicated} ({prod.dedup_same_id} with the previous job's id)",
+        )
+    )
+    lines.append(
+        _row("stream names", f"{len(names)} distinct, reused {len(jobs) - len(names)} times")
+    )
+    lines.append(
+        _row(
+            "entries produced",
+            f"{len(acked)} (poison {entry_kinds[POISON]}, flaky {entry_kinds['flaky']}, "
+            f"reject {entry_kinds[REJECT]}, finish {entry_kinds[FINISH]}, after an end "
+            f"{entry_kinds[TAIL]}); write errors {sum(prod.errors.values())}"
+            + (f" {dict(prod.errors)}" if prod.errors else "")
+            + f", confirmed after an error {prod.confirmed_after_error}",
+        )
+    )
+    lines.append(
+        _row(
+            "entries handled",
+            f"{acc.handled} distinct; skipped after a cancel/finish {acc.skipped}; calls "
+            f"{calls} ({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))})",
+        )
+    )
+    lines.append(
+        _row(
+            "duplicates",
+            f"{acc.duplicates} (entries handled more than once: {acc.duplicated_entries})",
+        )
+    )
+    lines.append(
+        _row(
+            "dead letters",
+            f"{sum(written.values())}: {reasons_text}; left at the end: {left_text}"
+            + (
+                f" (duplicate dead letters {duplicate_dead_letters})"
+                if duplicate_dead_letters
+                else ""
+            )
+            + (
+                f"; jobs abandoned by recovery {len(abandoned_jobs)} ({acc.abandoned} entries)"
+                if abandoned_jobs
+                else ""
+            ),
+        )
+    )
+    lines.append(
+        _row(
+            "replays",
+            f"{len(soak.replays)} dead letters put back in {soak.replay_rounds} rounds (new "
+            f"jobs {new_jobs}, left for later {soak.replay_skipped}"
+            + (f", failed rounds {dict(soak.replay_errors)}" if soak.replay_errors else "")
+            + f"); reject entries handled once replayed {acc.rejects_handled}/{acc.rejects}",
+        )
+    )
+    lines.append(
+        _row(
+            "cancels",
+            f"{len(cancels)} ("
+            + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+            + f"; empty reason {sum(1 for j in cancels if not j.cancel_reason)}); "
+            f"on_stream_cancelled {hooks['cancelled']}",
+        )
+    )
+    lines.append(
+        _row(
+            "early finishes",
+            f"{len(finishes)}; jobs with entries after their end {len(tails)}, closed after "
+            f"their end {closed_after}; on_stream_end {hooks['ended']}",
+        )
+    )
+    lines.append(
+        _row(
+            "faults",
+            f"{fault_text} (total {sum(soak.faults.values())}; connections dropped "
+            f"{soak.dropped_connections}"
+            + (
+                f"; failovers {', '.join(f'{x:.1f}s' for x in soak.failover_s)}"
+                if soak.failover_s
+                else ""
+            )
+            + ")",
+        )
+    )
+    lines.append(
+        _row(
+            "foreign entries",
+            f"{len(foreign_entries)}"
+            + (
+                f" ({len(foreign)} calls; {len(foreign_copies)} of them are replayed copies)"
+                if foreign
+                else ""
+            ),
+        )
+    )
+    lines.append(_row("lost", f"{len(acc.lost)}"))
+    lines.append(_row("handled past end", f"{len(acc.past_end)}"))
     if vanished or extra:
         lines.append(
-            f"redis anomalies    vanished writes {len(vanished)}, unknown entries {len(extra)}"
+            _row(
+                "redis anomalies", f"vanished writes {len(vanished)}, unknown entries {len(extra)}"
+            )
         )
     lines.append(
-        f"exclusive owner    violations {exclusive.violations}; excused: "
-        f"{len(exclusive.excused_calls)} in-flight calls of disowned consumers, overlapping "
-        f"{exclusive.excused_overlaps} calls of later owners"
+        _row(
+            "exclusive owner",
+            f"violations {exclusive.violations}; excused: {len(exclusive.excused_calls)} "
+            f"in-flight calls of disowned consumers, overlapping {exclusive.excused_overlaps} "
+            "calls of later owners",
+        )
     )
-    lines.append(f"order              violations {len(order)}")
-    lines.append(f"finished streams   started again {len(rerun)}")
+    lines.append(_row("order", f"violations {len(order)}"))
+    lines.append(_row("finished jobs", f"started again {len(rerun)}"))
     lines.append(
-        f"left behind        locks {len(st.locks)}, queued assignments {st.lbs_len}, pending "
-        f"assignments {st.lbs_pending}, lease members {st.leases}, active index entries "
-        f"{st.active}, data streams with pending "
-        f"entries {len(pending_streams)}, finished streams without retention {len(no_retention)}"
+        _row(
+            "left behind",
+            f"locks {len(st.locks)}, queued assignments {st.lbs_len}, pending assignments "
+            f"{st.lbs_pending}, lease members {st.leases}, active index entries {st.active}, "
+            f"streams with pending entries {len(pending_streams)}, finished streams without "
+            f"retention {len(no_retention)}",
+        )
     )
-    lines.append(
-        f"processes          {len(soak.procs)} workers: "
-        + ", ".join(f"{fate} {n}" for fate, n in sorted(fates.items()))
-        + f"; ERROR/Traceback log lines {error_lines}"
-    )
-    if soak.drain_s is not None:
-        lines.append(f"drain              {soak.drain_s:.1f}s after production stopped")
     if error_lines:
         lines.append("worker log errors (first of each worker):")
         for name, errs in log_errors.items():
@@ -1059,13 +1509,21 @@ def build_report(soak: Soak, st: State) -> Report:
         lines.append("fault log:")
         lines.extend(f"  {t}" for t in soak.fault_log)
     lines.append(
-        f"summary: target={s.target} seed={s.seed} streams={len(prod.streams)} "
-        f"entries={len(expected)} handled={len(distinct_handled)} duplicates={duplicates} "
-        f"dead_letters={len(st.dlq)} lost={len(lost)} overlaps={exclusive.violations} "
+        f"summary: target={s.target} seed={s.seed} jobs={len(jobs)} names={len(names)} "
+        f"entries={len(acked)} handled={acc.handled} duplicates={acc.duplicates} "
+        f"dead_letters={sum(written.values())} foreign={len(foreign_entries)} "
+        f"lost={len(acc.lost)} overlaps={exclusive.violations} "
         f"faults={sum(soak.faults.values())} result={'PASS' if passed else 'FAIL'}"
         + (f" failed={','.join(failed)}" if failed else "")
     )
     return Report("\n".join(lines), passed)
+
+
+def _describe_job(job: Any) -> str:
+    ends = {CANCEL: f"cancelled ({job.cancel_outcome})", EARLY_FINISH: "finished early"}
+    return f"{job.n}: {len(job.entries)} entries, {ends.get(job.fate, 'closed')}" + (
+        ", closed" if job.closed else ", not closed"
+    )
 
 
 # -- entry point -----------------------------------------------------------------------------

@@ -8,20 +8,28 @@ record exists once the call went past that point, whatever happens to the proces
 afterwards: a call that was killed mid-work has an enter record and no exit record.
 
 The hooks are recorded too: ``S`` (``on_stream_start``: a new *ownership episode*
-begins), ``L`` (``on_stream_lost``) and ``F`` (``on_stream_end``).
+begins), ``L`` (``on_stream_lost``), ``F`` (``on_stream_end``) and ``C``
+(``on_stream_cancelled``).
 
 One record is one string, ``|``-separated (stream names and consumer names never
 contain ``|``)::
 
-    kind|consumer|episode|stream|entry_id|attempt|unix_ns|status
+    kind|consumer|episode|stream|entry_id|attempt|unix_ns|status|entry_job|info_job|replayed_from
 
 ``episode`` is ``<consumer>#<n>``: the n-th ``on_stream_start`` of that consumer; a
 call belongs to the episode its stream was in when the call entered. ``status`` (exit
-records only) is ``ok``, ``error`` (the handler raised) or ``cancel``.
+records only) is ``ok``, ``error`` (the handler raised), ``reject`` (it raised
+``DeadLetter``) or ``cancel``. The last three fields tie a call to a *job*: the
+entry's own ``job`` field (the job the producer appended it to), ``message.info["job"]``
+(the job the framework handed it to) and ``message.replayed_from`` (set on a copy a
+dead-letter replay put back). An ``S`` record carries the job of the assignment in
+``info_job``. Records of the old, eight-field form still parse (the job fields empty).
 
-The simulated work: sleep ``info["work_ms"]``; an entry with field ``poison=1`` always
-raises (it ends in the dead-letter stream as ``handler_failed``); one with ``flaky=1``
-raises on its first attempt only.
+The simulated work: sleep ``info["work_ms"]``; then an entry with field ``poison=1``
+always raises (it ends in the dead-letter stream as ``handler_failed``); one with
+``reject=1`` raises ``DeadLetter("soak reject")`` unless it is a replayed copy (which
+succeeds); one with ``flaky=1`` raises on its first attempt only; after an entry with
+``finish=1`` the handler calls ``self.finish(stream)`` (the job ends early).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from typing import Any, Final
 import anyio
 from redis.asyncio import Redis
 
-from streamjobs import Message, StreamConsumer
+from streamjobs import DeadLetter, Message, StreamConsumer
 
 RECORD_URL_ENV: Final = "SOAK_RECORD_URL"
 EVENTS_KEY: Final = "soak:events"
@@ -42,8 +50,12 @@ EVENTS_KEY: Final = "soak:events"
 HANDLED_KEY: Final = "soak:handled"
 """Counter on the side server: handle() calls that returned (for progress lines)."""
 
-START, ENTER, EXIT, LOST, END = "S", "E", "X", "L", "F"
-OK, ERROR, CANCEL = "ok", "error", "cancel"
+REJECT_REASON: Final = "soak reject"
+"""The reason the handler gives ``DeadLetter`` for a ``reject=1`` entry: the replayer
+finds exactly these dead letters by it (``DeadLetterFilter(reason=REJECT_REASON)``)."""
+
+START, ENTER, EXIT, LOST, END, CANCELLED = "S", "E", "X", "L", "F", "C"
+OK, ERROR, REJECT, CANCEL = "ok", "error", "reject", "cancel"
 
 
 class PoisonError(Exception):
@@ -63,8 +75,21 @@ def record(
     attempt: int = 0,
     t_ns: int = 0,
     status: str = "",
+    *,
+    entry_job: str = "",
+    info_job: str = "",
+    replayed_from: str = "",
 ) -> str:
-    return f"{kind}|{consumer}|{episode}|{stream}|{entry_id}|{attempt}|{t_ns}|{status}"
+    return (
+        f"{kind}|{consumer}|{episode}|{stream}|{entry_id}|{attempt}|{t_ns}|{status}"
+        f"|{entry_job}|{info_job}|{replayed_from}"
+    )
+
+
+def job_of(info: Mapping[str, Any]) -> str:
+    """The job number an assignment's ``info`` names ('' if none)."""
+    job = info.get("job")
+    return "" if job is None else str(job)
 
 
 class SoakWorker(StreamConsumer):
@@ -95,16 +120,37 @@ class SoakWorker(StreamConsumer):
     async def handle(self, message: Message) -> None:
         me = self.consumer_name
         stream, entry_id, attempt = message.stream, message.id, message.attempt
+        fields = message.fields
+        replayed = message.replayed_from or ""
         episode = self._soak_episode(stream)
-        await self._soak_push(record(ENTER, me, episode, stream, entry_id, attempt, time.time_ns()))
+        enter = record(
+            ENTER,
+            me,
+            episode,
+            stream,
+            entry_id,
+            attempt,
+            time.time_ns(),
+            entry_job=fields.get("job", ""),
+            info_job=job_of(message.info),
+            replayed_from=replayed,
+        )
+        await self._soak_push(enter)
         status = CANCEL
         try:
             await anyio.sleep(float(message.info.get("work_ms", 10)) / 1000)
-            if message.fields.get("poison") == "1":
+            if fields.get("poison") == "1":
                 raise PoisonError(f"poison entry {entry_id}")
-            if message.fields.get("flaky") == "1" and attempt == 1:
+            if fields.get("reject") == "1" and not replayed:
+                raise DeadLetter(REJECT_REASON)
+            if fields.get("flaky") == "1" and attempt == 1:
                 raise FlakyError(f"flaky entry {entry_id}, attempt {attempt}")
+            if fields.get("finish") == "1":
+                self.finish(stream)
             status = OK
+        except DeadLetter:
+            status = REJECT
+            raise
         except Exception:
             status = ERROR
             raise
@@ -117,7 +163,14 @@ class SoakWorker(StreamConsumer):
         episode = f"{self.consumer_name}#{self._soak_started}"
         self._soak_episodes[stream] = episode
         await self._soak_push(
-            record(START, self.consumer_name, episode, stream, t_ns=time.time_ns())
+            record(
+                START,
+                self.consumer_name,
+                episode,
+                stream,
+                t_ns=time.time_ns(),
+                info_job=job_of(info),
+            )
         )
 
     async def on_stream_lost(self, stream: str) -> None:
@@ -129,3 +182,10 @@ class SoakWorker(StreamConsumer):
     async def on_stream_end(self, stream: str) -> None:
         episode = self._soak_episode(stream)
         await self._soak_push(record(END, self.consumer_name, episode, stream, t_ns=time.time_ns()))
+
+    async def on_stream_cancelled(self, stream: str, reason: str) -> None:
+        episode = self._soak_episode(stream)
+        text = reason.replace("|", "/")  # the record's separator
+        await self._soak_push(
+            record(CANCELLED, self.consumer_name, episode, stream, t_ns=time.time_ns(), status=text)
+        )
