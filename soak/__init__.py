@@ -126,9 +126,9 @@ handled (``past_end_replay``); a ``reject`` entry whose replayed copy was never 
 (``lost_replay``); and, once such a tail reached a job, the foreign, lost and past-end
 entries of that job and of the later jobs of its name (a tail that ends in an end
 marker ends the job that reads it, which leaves its own entries to the next job). So
-is a lease member left for an assignment that no longer exists (``stale_lease``). Open
-defects cause them (``soak/README.md``); the suite's short runs treat a run that fails
-on these alone as an expected failure.
+is a lease member left for an assignment that no longer exists (``stale_lease``).
+Defects of streamjobs caused them, now fixed (``soak/README.md``, "Defects it found",
+items 4-7); the names stay so that a regression is recognised at once.
 
 Duplicates (an entry handled more than once) are counted, not failed: delivery is at
 least once (a crashed owner's unacked batch, a disowned consumer's in-flight call).

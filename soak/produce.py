@@ -252,10 +252,14 @@ class StreamProducer:
         n = self._next_job
         self._next_job += 1  # a number add_stream() deduplicated is never used again
         info = {"job": n, "work_ms": self.plan.work_ms}
+        # Not read back after a failure but called again, as the Producer asks: a failed
+        # call may not have skipped what followed the previous job's end yet (its
+        # docstring). The idempotency key makes a repeat answer the first call's job,
+        # even once that job has finished.
         assignment_id = await self._write(
             f"add_stream({name}) for job {n}",
-            lambda: self.producer.add_stream(name, info),
-            lambda: self._find_assignment(name, n),
+            lambda: self.producer.add_stream(name, info, idempotency_key=f"soak-job-{n}"),
+            _unknown,
         )
         if await self._read(f"the assignment of job {n}", self._find_assignment, name, n) is None:
             # No assignment names job n: the call returned an earlier job of the name

@@ -17,6 +17,7 @@ _attempts      data entries only: ``handle()`` calls made before giving up
 _dead_at_ms    server time of the move, milliseconds (added by the script)
 _rejected      data entries whose handler raised ``DeadLetter``: the reason it gave
 _job_info      data entries: the ``info`` of the job (assignment) it belonged to, JSON
+_job           data entries: that job's identity, its first assignment id
 ============== ===================================================================
 
 An assignment dead letter (reasons ``max_retries_exceeded``, ``unparseable``,
@@ -52,6 +53,7 @@ DEAD_AT_FIELD = "_dead_at_ms"
 FIELDS_JSON_FIELD = "_fields_json"
 REJECTED_FIELD = "_rejected"
 JOB_INFO_FIELD = "_job_info"
+JOB_FIELD = "_job"
 """Carries the original fields of a dead letter too large to copy field by field.
 
 Not a metadata field: an original field of this name is kept (the dead letter then
@@ -67,6 +69,7 @@ META_FIELDS = (
     DEAD_AT_FIELD,
     REJECTED_FIELD,
     JOB_INFO_FIELD,
+    JOB_FIELD,
 )
 """Every metadata field; an original field of the same name is replaced."""
 
@@ -157,12 +160,15 @@ def entry_dead_letter(
     error: str,
     rejected: str | None = None,
     info: Mapping[str, Any] | None = None,
+    job: str = "",
 ) -> Pairs:
     """Every field of a data entry's dead letter but ``_dead_at_ms`` (the script's).
 
     ``rejected``: the reason the handler gave with ``DeadLetter`` (then the reason is
     ``rejected``); None when it kept failing (``handler_failed``). ``info``: the job's
-    ``info``, kept so that a replay that starts a new job gives it the same.
+    ``info``, kept so that a replay that starts a new job gives it the same. ``job``:
+    the job's identity (docs/design.md#job-identity), so that a replay never hands the
+    entry to a later job of the same name.
     """
     out = [(k, v) for k, v in fields.items() if k not in META_FIELDS]
     out += _meta(
@@ -178,6 +184,8 @@ def entry_dead_letter(
         out.append((REJECTED_FIELD, rejected[:ERROR_MAX_CHARS]))
     if info:
         out.append((JOB_INFO_FIELD, json.dumps(dict(info), separators=(",", ":"))))
+    if job:
+        out.append((JOB_FIELD, job))
     return out
 
 
@@ -200,6 +208,8 @@ class DeadLetterRecord:
         rejected: the reason a handler gave with ``DeadLetter`` (reason
             ``rejected``); '' otherwise.
         info: a data entry's job ``info`` ({} if none, or unreadable).
+        job: a data entry's job, its first assignment id ('' if unknown: written
+            before dead letters carried it).
     """
 
     id: str
@@ -214,6 +224,7 @@ class DeadLetterRecord:
     fields: Mapping[str, str]
     rejected: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
+    job: str = ""
 
     @property
     def is_assignment(self) -> bool:
@@ -276,6 +287,7 @@ def parse_dead_letter(entry_id: str, fields: Mapping[str, str]) -> DeadLetterRec
         fields=_original_fields(fields),
         rejected=fields.get(REJECTED_FIELD, ""),
         info=_job_info(fields.get(JOB_INFO_FIELD)),
+        job=fields.get(JOB_FIELD, ""),
     )
 
 

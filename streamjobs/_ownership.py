@@ -807,6 +807,7 @@ class OwnedStream:
             error=error,
             rejected=rejected,
             info=self.assignment.info,
+            job=self.assignment.job,
         )
         backoff = Backoff()
         while True:

@@ -560,10 +560,11 @@ class Gateway:
 
     @script
     async def start_job(self, stream: str, job: str, *, created: bool) -> bool:
-        """``start_job.lua``, after ``add.lua`` answered ``job``: with ``created``, the
-        retention TTL and the cancel marker an earlier job of the same name left go;
-        if an earlier job of the name ended early, what was appended after its end is
-        skipped (docs/design.md#job-identity). True if something was skipped."""
+        """``start_job.lua``, before ``add.lua`` (``job`` '') or after it answered
+        ``job``: if an earlier job of the name ended (its ended-job marker names another
+        job), what was appended after its end is skipped; with ``created``, the
+        retention TTL and the cancel marker an earlier job left go
+        (docs/design.md#job-identity). True if something was skipped."""
         r = await self.scripts.start_job(
             keys=[stream, self.keys.cancel(stream), self.keys.ended(stream)],
             args=[self.keys.group, job, "1" if created else "0"],
@@ -954,12 +955,17 @@ class Gateway:
     async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:
         """Write lease deadlines (server time + ``ttl_ms``) of assignment ids.
 
-        ``new`` False only updates leases that still exist: a heartbeat racing a
-        finish must not bring a finished assignment's lease back.
+        ``new`` True adds leases of assignments still pending only (an owner stalled
+        before recording must not add one for an assignment finished meanwhile);
+        False only updates leases that still exist: a heartbeat racing a finish must
+        not bring a finished assignment's lease back.
         """
         if ids:
             mode = "add" if new else "update"
-            await self.scripts.lease(keys=[self.keys.leases], args=[mode, ttl_ms, *ids])
+            await self.scripts.lease(
+                keys=[self.keys.leases, self.keys.assignments],
+                args=[mode, ttl_ms, self.keys.group, *ids],
+            )
 
     @script
     async def fenced_read(

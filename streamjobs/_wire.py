@@ -23,6 +23,7 @@ STREAM_FIELD = "stream"
 INFO_FIELD = "info"
 RETRY_FIELD = "_retry_count"
 FIRST_ID_FIELD = "_first_id"
+JOB_FIELD = "_job"
 """Written by re-queues: the id of the job's first submission."""
 LOST_AT_FIELD = "_lost_at"
 """Written by recovery re-queues: when the previous owner was lost (server ms)."""
@@ -54,6 +55,10 @@ class Assignment:
     """Id of the job's first submission (this entry's own id unless re-queued)."""
     lost_at_ms: int | None = None
     """When recovery found the previous owner lost (server ms); None unless recovered."""
+    job: str = ""
+    """The job whose entries it hands over: ``_job`` (set on an assignment a DLQ replay
+    queues: the job its entries came from), else :attr:`first_id`. Dead letters record
+    it, and a replay never puts an entry into an assignment of another job."""
 
 
 def quote(value: str | bytes, limit: int = QUOTE_MAX_CHARS) -> str:
@@ -165,6 +170,7 @@ def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) 
         ) from None
     raw_first = fields.get(FIRST_ID_FIELD)
     first_id = entry_id if raw_first is None else _text(raw_first, FIRST_ID_FIELD)
+    raw_job = fields.get(JOB_FIELD)
     return Assignment(
         id=entry_id,
         stream=stream,
@@ -172,6 +178,7 @@ def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) 
         retry_count=retry_count,
         first_id=first_id,
         lost_at_ms=_lost_at(fields.get(LOST_AT_FIELD)),
+        job=first_id if raw_job is None else _text(raw_job, JOB_FIELD),
     )
 
 

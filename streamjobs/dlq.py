@@ -48,6 +48,7 @@ from ._operator import OperatorGateway
 from ._scripts import MAX_COPY_VALUES
 from ._wire import (
     FIRST_ID_FIELD,
+    JOB_FIELD,
     LOST_AT_FIELD,
     REPLAYED_FROM_FIELD,
     RETRY_FIELD,
@@ -382,7 +383,14 @@ class DeadLetters:
         letters = [(r.id, _replay_fields(r)) for r in batch]
         deadline = time.monotonic() + BUSY_WAIT_S
         delay = 0.02
-        close = not await self._job_queued(stream)
+        queued = await self._queued_job(stream)
+        if queued is not None and any(r.job and r.job != queued for r in batch):
+            # A later job of the name would hand them to handle() as its own.
+            raise _Busy(
+                f"a later job of its stream {stream!r} is running (job {queued}): replay "
+                "it once that job has ended"
+            )
+        close = queued is None
         while True:
             put = await gw.replay_entries(
                 stream, letters, close=close, marker_ttl_ms=REPLAY_MARKER_TTL_MS
@@ -396,6 +404,9 @@ class DeadLetters:
                 # The new job gets the info of the job the entries belonged to.
                 info = next((r.info for r in batch if r.info), {})
                 fields = {**build_fields(stream, info), FIRST_ID_FIELD: put.ids[0]}
+                job = next((r.job for r in batch if r.job), "")
+                if job:  # a run of that job: later replays of its entries may join it
+                    fields[JOB_FIELD] = job
                 _, created = await gw.add_assignment(stream, fields)
                 if created:
                     await gw.start_job(stream, put.ids[0], created=True)
@@ -419,10 +430,18 @@ class DeadLetters:
     async def _job_queued(self, stream: str) -> bool:
         """Whether the active-assignment index names an assignment of ``stream`` that
         still exists (what ``add_stream`` would deduplicate to)."""
+        return await self._queued_job(stream) is not None
+
+    async def _queued_job(self, stream: str) -> str | None:
+        """The job (docs/design.md#job-identity) of the assignment of ``stream`` the
+        active-assignment index names, if it still exists."""
         active = await self._gw.active_id(stream)
         if active is None or not _ID.fullmatch(active):
-            return False
-        return (await self._gw.assignment_fields([active]))[0] is not None
+            return None
+        fields = (await self._gw.assignment_fields([active]))[0]
+        if fields is None:
+            return None
+        return fields.get(JOB_FIELD) or fields.get(FIRST_ID_FIELD) or active
 
     async def purge(
         self,
@@ -474,12 +493,18 @@ def _batches(
     records: builtins.list[DeadLetterRecord],
 ) -> builtins.list[builtins.list[DeadLetterRecord]]:
     """``records`` in order, cut into script calls of at most :data:`REPLAY_BATCH`
-    dead letters and :data:`REPLAY_BATCH_VALUES` values."""
+    dead letters and :data:`REPLAY_BATCH_VALUES` values, and where their job changes (a
+    batch a new job is queued for is that job's)."""
     out: builtins.list[builtins.list[DeadLetterRecord]] = []
     values = 0
     for record in records:
         size = 2 * len(record.fields) + 2  # + _replayed_from
-        if not out or len(out[-1]) >= REPLAY_BATCH or values + size > REPLAY_BATCH_VALUES:
+        if (
+            not out
+            or len(out[-1]) >= REPLAY_BATCH
+            or values + size > REPLAY_BATCH_VALUES
+            or out[-1][-1].job != record.job
+        ):
             out.append([])
             values = 0
         out[-1].append(record)

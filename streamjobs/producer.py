@@ -90,6 +90,13 @@ class Producer:
         written by other means (a raw XADD, the Go library's ``lbs-input`` form) are
         not deduplicated.
 
+        A new job of a reused name reads only what is appended after this call began:
+        what the previous job's producer appended after that job ended is skipped
+        (docs/design.md#job-identity). Append the job's entries once this call has
+        returned; if it raised, call it again first (pass an ``idempotency_key`` so that
+        a repeat cannot start a second job): a failed call may have queued the job
+        without skipping those leftovers yet.
+
         Args:
             name: the data stream.
             info: a JSON object handed to ``on_stream_start``.
@@ -115,17 +122,20 @@ class Producer:
         window_ms = _window_ms(dedupe_window_s)
         if idempotency_key is not None:
             self._keys.idempotency(idempotency_key)  # validates it
+        # If the previous job of the name ended, what was appended after its end
+        # belongs to it: skipped now, so a new job reads only what comes after
+        # (docs/design.md#job-identity). Before add.lua, so that no owner of the new
+        # job can read it first.
+        await self._gw.start_job(name, "", created=False)
         assignment_id, created = await self._gw.add_assignment(
             name, fields, idempotency_key=idempotency_key, window_ms=window_ms
         )
-        # A stream of this name that finished recently still carries its retention TTL,
-        # which would expire this job's entries (the new owner clears it too): cleared
-        # only when queued now, since a deduplicated call may name the finished job. And
-        # if the previous job of the name ended early, what was appended after its end
-        # is skipped, so this job reads only what comes after add_stream returns
-        # (docs/design.md#job-identity); also on a repeat, whose first call may have
-        # failed before this step.
-        await self._gw.start_job(name, assignment_id, created=created)
+        if created:
+            # A stream of this name that finished recently still carries its retention
+            # TTL, which would expire this job's entries (the new owner clears it too):
+            # cleared only when queued now, since a deduplicated call may name the
+            # finished job.
+            await self._gw.start_job(name, assignment_id, created=True)
         return assignment_id
 
     async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:

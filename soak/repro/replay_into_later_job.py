@@ -8,7 +8,9 @@ Now the dead letter of job 1's entry is replayed. The stream is open and a job h
 it, so the replay appends the entry at the stream's tail, and job 2's owner hands it to
 ``handle()`` with job 2's info: an entry of job 1 processed as job 2's (the soak counts
 it as a foreign entry). Expected: it is handled under job 1's info (a job of its own,
-as a replay of an entry of a finished job does when the name is free).
+as a replay of an entry of a finished job does when the name is free). Fixed: the
+replay is refused ("a later job ... is running") until job 2 has ended, then runs as
+a job of its own with job 1's info.
 
     .venv/bin/python -m soak.repro.replay_into_later_job
 
@@ -97,6 +99,18 @@ async def scenario(url: str) -> bool:
         await until("job 2's first entry", job2_running)
         report = await dead.replay(DeadLetterFilter(reason=REASON))
         print(f"replayed: {[(r.new_id, r.reassigned) for r in report.replayed]}")
+        print(f"skipped: {report.skipped}")
+        if not report.replayed:
+            # Refused while job 2 runs (fixed behaviour): replay once job 2 has ended.
+            await producer.close_stream(STREAM)
+
+            async def job2_done() -> bool:
+                idle = not await client.hexists(keys.active, STREAM)
+                return idle and not await client.exists(keys.lock(STREAM))
+
+            await until("job 2 to finish", job2_done)
+            report = await dead.replay(DeadLetterFilter(reason=REASON))
+            print(f"replayed after job 2: {[(r.new_id, r.reassigned) for r in report.replayed]}")
 
         async def copy_handled() -> bool:
             return any(c[3] for c in consumer.calls)

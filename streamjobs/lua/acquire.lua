@@ -9,16 +9,24 @@
 --          and found dead (docs/design.md#liveness); '' takes only a free lock
 -- ARGV[5]  the job of the assignment being acquired (its _first_id, or its id)
 -- Returns 1 if the lock was taken, 0 if someone else holds it, 2 if it was taken but
--- this job already ended early (the ended-job marker names it): the caller only
--- completes the assignment.
+-- this job already ended (the ended-job marker, 'e <job>' or 'n <job>', names it; its
+-- owner died before completing the assignment): the caller only completes it.
+-- A marker of another job goes: after an early end ('e') the group first moves to the
+-- stream's end (what was appended since belongs to that job); after a normal end ('n')
+-- it stays (a job queued without add_stream, e.g. in the Go form, reads what is there).
+-- Producer.add_stream has already skipped it (start_job.lua) for jobs it queues.
 -- Idempotent: a client retry of a call whose reply was lost finds its own token, and
 -- refreshes the TTL, since the caller measures its local lease from the retry.
 -- Reads (the lock, the marker: a key of another type fails here) come first.
 local holder = redis.call('GET', KEYS[1])
 local ended = redis.call('GET', KEYS[3])
+local ended_kind, ended_job = nil, nil
+if ended then
+  ended_kind, ended_job = string.sub(ended, 1, 1), string.sub(ended, 3)
+end
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ended and ended == ARGV[5] then
+  if ended_job == ARGV[5] then
     return 2
   end
   return 1
@@ -44,12 +52,14 @@ end
 -- must not expire the new job's entries.
 redis.call('PERSIST', KEYS[2])
 if ended then
-  if ended == ARGV[5] then
-    return 2  -- this job ended early; its owner died before completing it
+  if ended_job == ARGV[5] then
+    return 2  -- this job ended; its owner died before completing it
   end
-  -- An earlier job of this name ended early: what was appended after its end
-  -- belongs to it, and this job starts after it (docs/design.md#job-identity).
-  redis.call('XGROUP', 'SETID', KEYS[2], ARGV[3], '$')
+  if ended_kind == 'e' then
+    -- An earlier job of this name ended early: what was appended after its end
+    -- belongs to it, and this job starts after it (docs/design.md#job-identity).
+    redis.call('XGROUP', 'SETID', KEYS[2], ARGV[3], '$')
+  end
   redis.call('DEL', KEYS[3])
 end
 return 1

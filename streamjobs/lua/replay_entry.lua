@@ -17,8 +17,8 @@
 -- caller then makes sure a job is queued for the stream. One call per batch: a second
 -- batch or a later call finds the first one's marker unread and goes before it.
 --
--- An ended-job marker (KEYS[4]: a job of the stream ended early, and no job came
--- after it) means that everything the group has not read belongs to that ended job:
+-- An ended-job marker (KEYS[4]: a job of the stream ended, early or at its end
+-- marker, and no job started after it) means that everything the group has not read belongs to that ended job:
 -- it is skipped (the group moves past it) before the entries are placed, as if it had
 -- been read; while that job still holds the lock (it is finishing), BUSY.
 --

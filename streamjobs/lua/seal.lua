@@ -16,10 +16,11 @@
 --          group is acked too (delivered, never to be handled) and the group moves past
 --          every entry not yet read; '' otherwise. The cancel marker goes either way: a
 --          cancel that came after the stream's own end marker was read is moot.
---          With 'cancel' the ended-job marker is set to ARGV[5] for ARGV[6] ms: what
---          is appended to the stream from now on belongs to this ended job, and the
---          next job of the name skips it (docs/design.md#job-identity).
--- ARGV[5]  the job (its first assignment id)
+-- The ended-job marker is set either way, for ARGV[6] ms: 'e <job>' after a cancel
+-- or an early finish ('cancel'), 'n <job>' after the end marker. What is appended to
+-- the stream from now on belongs to this ended job, and the next job of the name
+-- skips it (docs/design.md#job-identity).
+-- ARGV[5]  the job (its first assignment id); '' writes no marker
 -- ARGV[6]  the ended-job marker's lifetime, milliseconds
 -- ARGV[7..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
@@ -56,7 +57,10 @@ if ARGV[4] == 'cancel' then
   if has_group then  -- what was never read is skipped: a later job starts after it
     redis.call('XGROUP', 'SETID', KEYS[2], ARGV[2], '$')
   end
-  redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[6])
+end
+if ARGV[5] ~= '' then
+  local kind = ARGV[4] == 'cancel' and 'e ' or 'n '
+  redis.call('SET', KEYS[4], kind .. ARGV[5], 'PX', ARGV[6])
 end
 redis.call('DEL', KEYS[3])
 local keep = tonumber(ARGV[3])

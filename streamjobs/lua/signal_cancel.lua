@@ -28,7 +28,7 @@ if t ~= 'stream' and t ~= 'none' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream')
 end
 local ended = redis.call('GET', KEYS[3])
-if ended and (ARGV[7] == '' or ended == ARGV[7]) then
+if ended and (ARGV[7] == '' or string.sub(ended, 3) == ARGV[7]) then
   return 2
 end
 

@@ -284,8 +284,9 @@ class FakeGateway:
         self._faults: dict[str, _Fault] = {}
         self.cancels: dict[str, str] = {}
         """Cancel markers: data stream -> reason (``Producer.cancel_stream``)."""
-        self.ended: dict[str, str] = {}
-        """Ended-job markers: data stream -> the job that ended early (``Keys.ended``)."""
+        self.ended: dict[str, tuple[str, str]] = {}
+        """Ended-job markers: data stream -> ('e' early or 'n' at its end marker, the
+        job that ended) (``Keys.ended``)."""
         self.sessions: dict[str, str] = {}
         """Live consumer sessions: name -> value."""
         self.unreachable: set[str] = set()
@@ -364,6 +365,7 @@ class FakeGateway:
             earlier = self._idempotency.get(idempotency_key)
             if earlier is not None and earlier[1] > now:
                 return earlier[0], False
+        self.start_job(stream, "", created=False)
         current = self._active.get(stream)
         created = current is None or current not in self._lbs.entries
         if created:
@@ -372,19 +374,21 @@ class FakeGateway:
         assert current is not None
         if idempotency_key is not None:
             self._idempotency[idempotency_key] = (current, now + window_ms)
-        self.start_job(stream, current, created=created)
+        if created:
+            self.start_job(stream, current, created=True)
         return current, created
 
     def start_job(self, stream: str, job: str, *, created: bool) -> None:
         """start_job.lua: with ``created`` the retention TTL and the cancel marker go; an
-        earlier job that ended early has what was appended after its end skipped."""
+        earlier job that ended (a marker naming another job, or any before add.lua:
+        ``job`` '') has what was appended after its end skipped."""
         s = self._data_stream(stream)
         if created:
             self.cancels.pop(stream, None)
             if s is not None:
                 s.expires_at_ms = None
         ended = self.ended.get(stream)
-        if ended is not None and ended != job:
+        if ended is not None and ended[1] != job:
             self._skip_to_end(s)
             del self.ended[stream]
 
@@ -443,7 +447,7 @@ class FakeGateway:
         self._leases.pop(current, None)
         # skip_unread.lua: the group goes to the end, the job is marked ended
         self._skip_to_end(self._data_stream(stream))
-        self.ended[stream] = job
+        self.ended[stream] = ("e", job)
         return True
 
     def signal_cancel(self, stream: str, reason: str, job: str = "") -> bool:
@@ -453,7 +457,7 @@ class FakeGateway:
         reason unless the stream is missing or its newest entry is an end marker
         already. False if moot."""
         ended = self.ended.get(stream)
-        if ended is not None and (not job or ended == job):
+        if ended is not None and (not job or ended[1] == job):
             return False
         s = self._data_stream(stream)
         top_is_eos = (
@@ -785,7 +789,7 @@ class FakeGateway:
             taken = 0
             if lock.token == token:
                 lock.expires_at_ms = self.clock() + ttl_ms
-                taken = 2 if ended is not None and ended == job else 1
+                taken = 2 if ended is not None and ended[1] == job else 1
         else:
             self._locks[key] = _Lock(token, self.clock() + ttl_ms)
             s = self._data_stream(stream)
@@ -795,10 +799,11 @@ class FakeGateway:
                 s.group = _Group()
             s.expires_at_ms = None
             taken = 1
-            if ended is not None and ended == job:
+            if ended is not None and ended[1] == job:
                 taken = 2
             elif ended is not None:
-                self._skip_to_end(s)
+                if ended[0] == "e":
+                    self._skip_to_end(s)
                 del self.ended[stream]
         await self._leave("acquire")
         return taken
@@ -822,11 +827,12 @@ class FakeGateway:
         return out
 
     async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:
-        """lease.lua: ZADD (new) or ZADD XX (update) of now + ttl_ms."""
+        """lease.lua: ZADD of now + ttl_ms for assignments still pending (new), or
+        ZADD XX (update)."""
         await self._enter("record_leases", tuple(ids), ttl_ms, new)
         deadline = float(self.clock() + ttl_ms)
         for i in ids:
-            if new or i in self._leases:
+            if (new and i in self.lbs_pending) or (not new and i in self._leases):
                 self._leases[i] = deadline
         await self._leave("record_leases")
 
@@ -941,8 +947,8 @@ class FakeGateway:
                 if cancelled:  # skip the rest of the job: XACK all, XGROUP SETID $
                     s.group.pel.clear()
                     s.group.last_delivered = s.last_id
-            if cancelled:
-                self.ended[stream] = job
+            if job:
+                self.ended[stream] = ("e" if cancelled else "n", job)
             self.cancels.pop(stream, None)
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms

@@ -19,7 +19,7 @@ from streamjobs import (
     RecoveryConfig,
 )
 from streamjobs._keys import Keys
-from streamjobs._redis import ACQUIRED, ACQUIRED_ENDED, Gateway
+from streamjobs._redis import ACQUIRED, ACQUIRED_ENDED, ENDED_MARKER_TTL_MS, Gateway
 from streamjobs.dlq import DeadLetters
 from tests.harness.plugin import ConsumerFactory
 
@@ -65,13 +65,14 @@ async def test_entries_appended_after_an_early_finish_never_reach_the_next_job(
         # The first job's producer does not know it ended: it goes on, and closes it.
         await producer.append(stream, {"n": "late"})
         await producer.close_stream(stream)
-        await producer.add_stream(stream)
+        job2 = await producer.add_stream(stream)
         await producer.append(stream, {"n": "job2"})
         await producer.close_stream(stream)
         await eventually(lambda: _true(c.ended == [stream, stream]))
     assert _ns(c) == ["0", "stop", "job2"]
     assert (await redis.xpending(stream, service))["pending"] == 0
-    assert not await redis.exists(Keys(service).ended(stream)), "the next job consumed it"
+    # Job 1's marker went when job 2 started; job 2's normal end left its own.
+    assert await redis.get(Keys(service).ended(stream)) == f"n {job2}".encode()
 
 
 async def test_entries_appended_after_a_queued_job_was_cancelled_are_skipped(
@@ -195,5 +196,109 @@ async def test_an_early_end_in_one_service_leaves_another_services_job_alone(
         await eventually(lambda: _true(b.ended == [stream]))
     assert _ns(a) == ["0", "stop"]
     assert _ns(b) == ["0", "stop", "2", "3"], "service B's job is not A's to end"
-    assert await redis.exists(Keys(service).ended(stream))
-    assert not await redis.exists(Keys(other).ended(stream))
+    assert (await redis.get(Keys(service).ended(stream)) or b"").startswith(b"e ")
+    assert (await redis.get(Keys(other).ended(stream)) or b"").startswith(b"n ")
+
+
+async def test_a_cancelled_never_read_job_leaves_its_stream_expiring(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """No consumer saw the job, so none applies the retention: the stream gets the
+    ended-job marker's lifetime instead of staying for good."""
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    assert (await producer.cancel_stream(stream)).name == "REMOVED"
+    assert 0 < await redis.pttl(stream) <= ENDED_MARKER_TTL_MS
+    await producer.add_stream(stream)  # a new job: its stream must not expire
+    assert await redis.pttl(stream) == -1
+
+
+class _RejectsJobOne(Recorder):
+    """Rejects entries of job 1 unless replayed; records (n, info job)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.jobs: list[tuple[str, str]] = []
+
+    async def handle(self, message: Message) -> None:
+        if message.fields.get("n") == "reject" and message.replayed_from is None:
+            raise DeadLetter(reason="not yet")
+        self.jobs.append((message.fields["n"], str(message.info.get("job"))))
+
+
+async def test_a_replay_waits_while_a_later_job_of_the_name_runs(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    letters = DeadLetters(redis, service=service)
+    await producer.add_stream(stream, {"job": 1})
+    await producer.append(stream, {"n": "reject"})
+    await producer.close_stream(stream)
+    c = consumer_factory(_RejectsJobOne, config=FAST)
+    async with c:
+        await eventually(lambda: _true(len(c.jobs) == 0 and c.ended == [stream]))
+        await producer.add_stream(stream, {"job": 2})
+        await producer.append(stream, {"n": "a"})
+        await eventually(lambda: _true(c.jobs == [("a", "2")]))
+        # Job 2 runs: the entry of job 1 would be handed to it as its own.
+        report = await letters.replay(DeadLetterFilter(reason="not yet"))
+        assert report.replayed == []
+        [(_, why)] = report.skipped
+        assert "later job" in why, why
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(c.ended == [stream, stream]))
+        report = await letters.replay(DeadLetterFilter(reason="not yet"))
+        assert len(report.replayed) == 1, report
+        await eventually(lambda: _true(len(c.ended) == 3))
+    assert c.jobs == [("a", "2"), ("reject", "1")], "replayed as a job of its own, job 1's info"
+
+
+async def test_entries_appended_after_a_normal_end_never_reach_the_next_job(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """Also after the end marker: a late append (a producer retrying, or one that
+    closed too early) belongs to the job that ended, and add_stream skips it."""
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    await producer.close_stream(stream)
+    c = consumer_factory(Recorder, config=FAST)
+    async with c:
+        await eventually(lambda: _true(c.ended == [stream]))
+        await producer.append(stream, {"n": "late"})
+        await producer.close_stream(stream)
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "job2"})
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(c.ended == [stream, stream]))
+    assert _ns(c) == ["0", "job2"]
+
+
+async def test_a_replayed_job_ends_and_later_appends_stay_with_it(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """A replay after an early end runs the dead entry as a job of its own; what the old
+    producer appends after that job ended is not the next job's either."""
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream, {"job": 1})
+    for n in ("reject", "stop"):
+        await producer.append(stream, {"n": n})
+    c = consumer_factory(_FinishesEarly, config=FAST)
+    async with c:
+        await eventually(lambda: _true(c.ended == [stream]))
+        report = await DeadLetters(redis, service=service).replay(
+            DeadLetterFilter(reason="not yet")
+        )
+        assert len(report.replayed) == 1, report
+        await eventually(lambda: _true(len(c.ended) == 2))
+        await producer.append(stream, {"n": "late"})  # job 1's producer goes on
+        await producer.add_stream(stream, {"job": 2})
+        await producer.append(stream, {"n": "job2"})
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(len(c.ended) == 3))
+    assert _ns(c) == ["stop", "reject", "job2"]

@@ -358,3 +358,25 @@ async def test_the_scan_recovers_a_dead_session_whose_lease_lies_far_ahead(
     [(_, fields)] = list(await redis.xrange(keys.assignments) or [])
     assert fields[b"_retry_count"] == b"1"
     assert await redis.exists(keys.lock(stream)) == 0
+
+
+# -- a lease recorded late (found by the soak) -------------------------------------------
+
+
+async def test_a_lease_recorded_after_the_assignment_finished_is_not_added(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """An owner stalled between its lock and recording the lease records it after its
+    assignment was recovered and finished elsewhere: nothing would remove that member
+    before its deadline (ten minutes under SESSION)."""
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    await gw.ensure_group()
+    producer = Producer(redis, service=service)
+    done = await producer.add_stream(f"d:{uid}:done")
+    live = await producer.add_stream(f"d:{uid}:live")
+    await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=2)
+    assert await gw.finish(done)
+    await gw.record_leases([done, live], 600_000, new=True)
+    assert await redis.zscore(keys.leases, done) is None
+    assert await redis.zscore(keys.leases, live) is not None
