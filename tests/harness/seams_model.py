@@ -45,6 +45,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from streamjobs import (
     ClusterMode,
     ConsumerConfig,
+    DeadLetter,
+    DeadLetterFilter,
+    DeadLetters,
     Liveness,
     Message,
     Producer,
@@ -145,6 +148,15 @@ class World(Protocol):
     async def quiet(self) -> bool: ...
     async def leftovers(self) -> list[str]: ...
     async def dead_sources(self) -> set[tuple[str, str]]: ...
+    async def replay(self) -> int:
+        """Replay the dead letters the handler rejected (``REJECT``); how many are left
+        unreplayed (-1: this world has no DLQ replay)."""
+        ...
+
+
+REJECT = "model reject"
+"""The reason the handler gives ``DeadLetter`` for an entry marked ``reject`` that is
+not a replayed copy."""
 
 
 class FakeWorld:
@@ -202,6 +214,9 @@ class FakeWorld:
             (f.get("_source_stream", ""), f.get("_source_id", ""))
             for _, f in self.fake.dead_letters
         }
+
+    async def replay(self) -> int:
+        return -1  # the in-memory gateway has no DLQ replay
 
 
 class RedisWorld:
@@ -276,6 +291,11 @@ class RedisWorld:
             for _, f in entries or []
         }
 
+    async def replay(self) -> int:
+        letters = DeadLetters(self.client, service=self.service)
+        await letters.replay(DeadLetterFilter(reason=REJECT))
+        return len(await letters.list(reason=REJECT))
+
 
 class _Hooks:
     def __init__(self, model: SeamsModel, consumer: str) -> None:
@@ -283,6 +303,8 @@ class _Hooks:
         self.consumer = consumer
 
     async def handle(self, message: Message) -> None:
+        if message.fields.get("reject") and message.replayed_from is None:
+            raise DeadLetter(reason=REJECT)  # a replay of it is handled
         self.model.entered(self.consumer, message)
         try:
             await anyio.sleep(0.002)
@@ -365,15 +387,17 @@ class SeamsModel(RuleBasedStateMachine):
 
     def left(self, consumer: str, message: Message) -> None:
         self.inside.get(message.stream, set()).discard(consumer)
-        self.handled.append(
-            (
-                consumer,
-                message.stream,
-                message.id,
-                message.fields.get("job", "?"),
-                str(message.info.get("job", "?")),
+        # A replayed copy stands for the entry it came from.
+        for entry_id in filter(None, (message.id, message.replayed_from)):
+            self.handled.append(
+                (
+                    consumer,
+                    message.stream,
+                    entry_id,
+                    message.fields.get("job", "?"),
+                    str(message.info.get("job", "?")),
+                )
             )
-        )
 
     # -- driving the runtimes ----------------------------------------------------------
 
@@ -441,15 +465,25 @@ class SeamsModel(RuleBasedStateMachine):
         return [(n, j) for n, j in self.jobs.items() if not j.closed]
 
     @precondition(lambda self: bool(self._unclosed_jobs()))
-    @rule(data=st.data(), count=st.integers(1, 6))
-    def append(self, data: st.DataObject, count: int) -> None:
+    @rule(data=st.data(), count=st.integers(1, 6), reject=st.booleans())
+    def append(self, data: st.DataObject, count: int, reject: bool) -> None:
         """Entries for a job; also for one that ended early (cancelled, or finished by
         its handler), whose producer does not know: they belong to that job, never to
-        the next job of the name."""
+        the next job of the name. With ``reject`` the first one is dead-lettered by its
+        handler until a replay puts it back."""
         name, job = data.draw(st.sampled_from(self._unclosed_jobs()))
-        for _ in range(count):
+        for i in range(count):
             fields = {"job": str(job.number), "k": str(len(job.appended))}
+            if reject and i == 0:
+                fields["reject"] = "1"
             job.appended.append(self._call(self.world.append, name, fields))
+        self._settle()
+
+    @rule()
+    def replay(self) -> None:
+        """``DeadLetters.replay`` of the rejected entries (worlds with a DLQ replay):
+        each goes back to its own job, or waits while a later job of its name runs."""
+        self._call(self.world.replay)
         self._settle()
 
     @precondition(lambda self: bool(self._open_jobs()))
@@ -577,6 +611,11 @@ class SeamsModel(RuleBasedStateMachine):
                 self._call(self.world.close, name)
                 job.closed = True
         self._wait(self.world.quiet, "every assignment to finish and every lock to go")
+
+        async def replayed() -> bool:  # a replay waits while a later job of its name runs
+            return await self.world.replay() <= 0 and await self.world.quiet()
+
+        self._wait(replayed, "every rejected entry to be replayed and handled")
         assert not self.violations, self.violations
         handled = {(s, i) for _, s, i, _, _ in self.handled}
         dead = self._call(self.world.dead_sources)

@@ -248,17 +248,20 @@ async def test_proxy_mode_subscribes_nothing_and_recovers_by_scanning(
 async def test_no_lease_outlives_its_assignment(
     redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
-    """A heartbeat racing a finish must not re-create the finished stream's lease, and
-    recovery of an entry that no longer exists forgets any lease left under its id."""
+    """A heartbeat racing a finish must not re-create the finished stream's lease, nor
+    may an acquisition that stalled past its assignment's finish; and recovery of an
+    entry that no longer exists forgets any lease left under its id."""
     keys = Keys(service)
     c = consumer_factory(Recorder)
     gw = Gateway(redis, Keys(service))
     await gw.record_leases(["1-1"], 5000, new=False)  # heartbeat after finish.lua's ZREM
     assert await redis.zcard(keys.leases) == 0
-    await gw.record_leases(["1-2"], 5000, new=True)
-    await gw.record_leases(["1-2"], 9000, new=False)
-    assert await redis.zcard(keys.leases) == 1
+    await gw.record_leases(["1-2"], 5000, new=True)  # an acquisition after its finish
+    assert await redis.zcard(keys.leases) == 0
     [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
+    await gw.record_leases([aid], 5000, new=True)
+    await gw.record_leases([aid], 9000, new=False)
+    assert await redis.zcard(keys.leases) == 1
     await redis.zadd(keys.leases, {aid: 1})
     await redis.xdel(keys.assignments, aid)  # finished elsewhere; PEL and lease left
     assert await c.claim(aid) is RequeueOutcome.LOST_RACE
