@@ -6,6 +6,7 @@ NOSCRIPT (script caches are not replicated, so a promoted replica has none).
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -46,10 +47,18 @@ NAMES = (
 )
 
 
+_INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
+
+
+def _read(name: str) -> str:
+    return (files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
 @cache
 def source(name: str) -> str:
-    """The text of ``lua/<name>.lua`` (read from the package once per process)."""
-    return (files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    """The text of ``lua/<name>.lua`` (read from the package once per process), each
+    line ``--#include x`` replaced by the helpers in ``lua/_x.lua``."""
+    return _INCLUDE.sub(lambda m: _read(f"_{m.group(1)}").rstrip("\n"), _read(name))
 
 
 class Scripts:

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import sys
 
-import anyio
 from redis.asyncio import Redis
 
 from streamjobs import ConsumerConfig, DeadLetterFilter, DeadLetters, Producer
 from streamjobs._keys import Keys
-from streamjobs.testing import RedisServer
 
-from .replay_into_later_job import REASON, SERVICE, STREAM, Recorder, until
+from .replay_into_later_job import REASON, SERVICE, STREAM, Recorder, no_foreign, run, until
 
 
 async def scenario(url: str) -> bool:
@@ -75,20 +73,11 @@ async def scenario(url: str) -> bool:
 
         await until("job 2 to end", job2_done)
     await client.aclose()
-    foreign = [c for c in consumer.calls if c[1] != c[2]]
-    for entry_id, job, info_job, origin in foreign:
-        print(
-            f"FOREIGN: entry {entry_id} (job {job}, replayed from {origin or '-'}) was handed "
-            f"to job {info_job}"
-        )
-    if not foreign:
-        print("OK: every entry was handled under its own job")
-    return not foreign
+    return no_foreign(consumer.calls)
 
 
 def main() -> int:
-    with RedisServer() as server:
-        return 0 if anyio.run(scenario, server.url) else 1
+    return run(scenario)
 
 
 if __name__ == "__main__":

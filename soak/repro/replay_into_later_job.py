@@ -118,7 +118,12 @@ async def scenario(url: str) -> bool:
         await until("the replayed copy to be handled", copy_handled)
         await producer.close_stream(STREAM)
     await client.aclose()
-    foreign = [c for c in consumer.calls if c[1] != c[2]]
+    return no_foreign(consumer.calls)
+
+
+def no_foreign(calls: list[tuple[str, str, str, str]]) -> bool:
+    """Print each call handed to a job it did not belong to; True if there was none."""
+    foreign = [c for c in calls if c[1] != c[2]]
     for entry_id, job, info_job, origin in foreign:
         print(
             f"FOREIGN: entry {entry_id} (job {job}, replayed from {origin or '-'}) was handed "
@@ -129,9 +134,14 @@ async def scenario(url: str) -> bool:
     return not foreign
 
 
-def main() -> int:
+def run(scenario: Callable[[str], Awaitable[bool]]) -> int:
+    """Exit status of ``scenario`` run against a private server: 0 if it held."""
     with RedisServer() as server:
         return 0 if anyio.run(scenario, server.url) else 1
+
+
+def main() -> int:
+    return run(scenario)
 
 
 if __name__ == "__main__":

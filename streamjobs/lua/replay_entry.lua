@@ -51,20 +51,7 @@ if not ttl or ttl < 1 or ttl % 1 ~= 0 then
   return redis.error_reply('ERR replay marker lifetime must be a positive integer')
 end
 
-local function less(a, b) -- decimal strings without leading zeros
-  if #a ~= #b then
-    return #a < #b
-  end
-  return a < b
-end
-local function older(a, b) -- stream id a < stream id b
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  if am ~= bm then
-    return less(am, bm)
-  end
-  return less(as, bs)
-end
+--#include ids
 local function is_eos(fields)
   for i = 1, #fields, 2 do
     if fields[i] == eos_field and fields[i + 1] == eos_value then

@@ -32,20 +32,7 @@ if ended and (ARGV[7] == '' or string.sub(ended, 3) == ARGV[7]) then
   return 2
 end
 
-local function less(a, b) -- decimal strings without leading zeros
-  if #a ~= #b then
-    return #a < #b
-  end
-  return a < b
-end
-local function older(a, b) -- stream id a < stream id b
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  if am ~= bm then
-    return less(am, bm)
-  end
-  return less(as, bs)
-end
+--#include ids
 
 local append = false
 if t == 'stream' then

@@ -12,6 +12,7 @@
 -- there. A stream with no TTL expires with the marker (the next add_stream clears
 -- it). A key of another type fails before anything is written.
 -- Returns 1 if the group now stands at the stream's end, 0 if there is no stream.
+--#include skip
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream')
@@ -20,10 +21,7 @@ end
 -- a stream without a TTL gets the marker's lifetime instead of staying for good.
 local keep = t == 'stream' and redis.call('PTTL', KEYS[1]) == -1
 if t == 'stream' then
-  local created = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '$')
-  if type(created) == 'table' and created['err'] then
-    redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], '$')
-  end
+  skip_to_end(KEYS[1], ARGV[1])
 end
 if keep then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])

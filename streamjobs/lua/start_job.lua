@@ -18,6 +18,7 @@
 -- assignment as unusable_stream): nothing here fails on it.
 -- Reads (the key's type, the marker) come before the first write.
 -- Returns 1 if something was skipped, else 0.
+--#include skip
 local t = redis.call('TYPE', KEYS[1])['ok']
 local ended = redis.call('GET', KEYS[3])
 if ARGV[3] == '1' then
@@ -28,10 +29,7 @@ if ARGV[3] == '1' then
 end
 if ended and string.sub(ended, 3) ~= ARGV[2] then
   if t == 'stream' then
-    local created = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '$')
-    if type(created) == 'table' and created['err'] then
-      redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], '$')
-    end
+    skip_to_end(KEYS[1], ARGV[1])
   end
   redis.call('DEL', KEYS[3])
   return 1

@@ -51,14 +51,29 @@ def _ns(c: Recorder) -> list[str]:
     return [n for _, _, _, n in c.handled]
 
 
+async def _job(
+    producer: Producer,
+    stream: str,
+    ns: tuple[str, ...] | list[str],
+    info: dict[str, Any] | None = None,
+    *,
+    close: bool = False,
+) -> str:
+    """add_stream, then entries ``{"n": n}`` for each of ``ns`` (and the end marker)."""
+    aid = await producer.add_stream(stream, info)
+    for n in ns:
+        await producer.append(stream, {"n": n})
+    if close:
+        await producer.close_stream(stream)
+    return aid
+
+
 async def test_entries_appended_after_an_early_finish_never_reach_the_next_job(
     redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
     stream = f"d:{uid}"
     producer = Producer(redis, service=service)
-    await producer.add_stream(stream)
-    for n in ("0", "stop", "2"):
-        await producer.append(stream, {"n": n})
+    await _job(producer, stream, ("0", "stop", "2"))
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
         await eventually(lambda: _true(c.ended == [stream]))
@@ -94,6 +109,21 @@ async def test_entries_appended_after_a_queued_job_was_cancelled_are_skipped(
     assert _ns(c) == ["job2"]
 
 
+async def _owned(
+    redis: AsyncRedis, service: str, stream: str, *, close: bool
+) -> tuple[Gateway, Producer, str]:
+    """A job of one entry (``n=0``, and its end marker with ``close``) whose assignment
+    consumer ``owner`` read and whose lock it took with token ``owner:1``."""
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    await gw.ensure_group()
+    producer = Producer(redis, service=service)
+    aid = await _job(producer, stream, ["0"], close=close)
+    await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=1)
+    assert await gw.acquire(stream, "owner:1", 60_000, job=aid) == ACQUIRED
+    return gw, producer, aid
+
+
 async def test_a_cancel_that_comes_as_the_job_ends_normally_leaves_no_marker(
     redis: AsyncRedis, service: str, uid: str
 ) -> None:
@@ -102,14 +132,7 @@ async def test_a_cancel_that_comes_as_the_job_ends_normally_leaves_no_marker(
     job for a day, and a replay into the stream would be refused as 'ending'."""
     stream = f"d:{uid}"
     keys = Keys(service)
-    gw = Gateway(redis, keys)
-    await gw.ensure_group()
-    producer = Producer(redis, service=service)
-    aid = await producer.add_stream(stream)
-    await producer.append(stream, {"n": "0"})
-    await producer.close_stream(stream)
-    await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=1)
-    assert await gw.acquire(stream, "owner:1", 60_000, job=aid) == ACQUIRED
+    gw, producer, aid = await _owned(redis, service, stream, close=True)
     reply = await gw.fenced_read(stream, "owner:1", "owner", 10, [])
     assert len(reply.entries) == 2, reply
     assert await gw.seal(stream, "owner:1", -1, [e[0] for e in reply.entries], job=aid)
@@ -123,15 +146,9 @@ async def test_an_owner_that_died_after_ending_its_job_early_leaves_it_only_to_c
 ) -> None:
     stream = f"d:{uid}"
     keys = Keys(service)
-    gw = Gateway(redis, keys)
-    await gw.ensure_group()
-    producer = Producer(redis, service=service)
-    aid = await producer.add_stream(stream)
-    await producer.append(stream, {"n": "0"})
-    await redis.xreadgroup(service, "ghost", {keys.assignments: ">"}, count=1)
-    assert await gw.acquire(stream, "ghost:1", 60_000, job=aid) == ACQUIRED
+    gw, producer, aid = await _owned(redis, service, stream, close=False)
     # It ended the job early (seal with skip) and died before completing it.
-    assert await gw.seal(stream, "ghost:1", -1, cancelled=True, job=aid)
+    assert await gw.seal(stream, "owner:1", -1, cancelled=True, job=aid)
     await redis.delete(keys.lock(stream))
     await producer.append(stream, {"n": "late"})  # its producer goes on
     c = consumer_factory(
@@ -158,9 +175,7 @@ async def test_a_replay_into_a_stream_whose_job_ended_early_skips_the_leftovers(
 ) -> None:
     stream = f"d:{uid}"
     producer = Producer(redis, service=service)
-    await producer.add_stream(stream, {"job": 1})
-    for n in ("reject", "stop"):
-        await producer.append(stream, {"n": n})
+    await _job(producer, stream, ("reject", "stop"), {"job": 1})
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
         await eventually(lambda: _true(c.ended == [stream]))
@@ -285,9 +300,7 @@ async def test_a_replayed_job_ends_and_later_appends_stay_with_it(
     producer appends after that job ended is not the next job's either."""
     stream = f"d:{uid}"
     producer = Producer(redis, service=service)
-    await producer.add_stream(stream, {"job": 1})
-    for n in ("reject", "stop"):
-        await producer.append(stream, {"n": n})
+    await _job(producer, stream, ("reject", "stop"), {"job": 1})
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
         await eventually(lambda: _true(c.ended == [stream]))

@@ -45,6 +45,7 @@ def test_package_ships_typed_marker_and_lua() -> None:
         text = source(name)
         assert text.startswith(f"-- {name}.lua"), name
         assert "KEYS[1]" in text
+        assert "\n--#include" not in text, f"{name}: an include left unexpanded"
     importlib.import_module("streamjobs.cli")
 
 
