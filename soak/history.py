@@ -322,7 +322,9 @@ def restarted_after_finish(
     with the job's info (its dead entries' job) starts such a run on purpose: an
     episode that began after that replay call began is excused if the call returned
     after the episode that ended the job had begun (the end hook's record may come
-    late: a worker stopped right after the job completed).
+    late: a worker stopped right after the job completed). So is an episode that handed
+    over nothing but replayed copies (a replay's run whose call was not logged as
+    having queued it: one that failed midway, or joined a run another call queued).
 
     Returns:
         "<stream> job <n>" (just the stream for records without jobs) -> descriptions
@@ -350,6 +352,8 @@ def restarted_after_finish(
             end_ns, ender = before[-1]
             if any(r0 <= ep.begin_ns and r1 >= ender.begin_ns for r0, r1 in windows):
                 continue  # a replay started the job again
+            if ep.calls and all(c.replayed_from for c in ep.calls):
+                continue  # a replay's run of it: only replayed copies, none of them new
             if first_end is None:
                 first_end = ender
             found.append(
@@ -381,8 +385,8 @@ def rerun_jobs(replays: Iterable[Replay]) -> set[str]:
 
 
 def replay_caused(call: Call, tails: Set[EntryKey], rerun: Set[str]) -> bool:
-    """Whether a foreign or past-end call comes from a replay (two open defects, see
-    soak/README.md, so the report names them apart): the call is about a replayed copy,
+    """Whether a foreign or past-end call comes from a replay (defects of that kind,
+    fixed since, are in soak/README.md; the report names them apart): the call is about a replayed copy,
     or about a tail entry (``tails``) of a job a replay ran again (``rerun``)."""
     return bool(call.replayed_from) or (call.origin in tails and call.entry_job in rerun)
 

@@ -252,13 +252,16 @@ def _carried(raw: str) -> dict[str, str] | None:
 
 
 def _original_fields(fields: Mapping[str, str]) -> dict[str, str]:
-    own = {k: v for k, v in fields.items() if k not in META_FIELDS}
+    # A dead assignment (no _attempts) keeps its _job: a replay run's, which its replay
+    # must carry again (docs/design.md#job-identity); only data entries' is metadata.
+    meta = META_FIELDS if ATTEMPTS_FIELD in fields else tuple(set(META_FIELDS) - {JOB_FIELD})
+    own = {k: v for k, v in fields.items() if k not in meta}
     raw = own.get(FIELDS_JSON_FIELD)
     carried = None if raw is None else _carried(raw)
     if carried is None:
         return own  # the field-by-field form (a malformed carrier is an ordinary field)
     del own[FIELDS_JSON_FIELD]
-    out = {k: v for k, v in carried.items() if k not in META_FIELDS}
+    out = {k: v for k, v in carried.items() if k not in meta}
     out.update(own)
     return out
 

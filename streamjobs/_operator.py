@@ -309,7 +309,7 @@ class OperatorGateway(Gateway):
         stream: str,
         letters: Sequence[tuple[str, Sequence[tuple[str, str]]]],
         *,
-        close: bool,
+        run: bool,
         marker_ttl_ms: int,
     ) -> EntryReplay:
         """``replay_entry.lua``: put dead data entries of ``stream`` back on it, in the
@@ -318,15 +318,16 @@ class OperatorGateway(Gateway):
         Args:
             stream: the data stream (all of ``letters`` came from it).
             letters: (dead letter id, its entry's fields), oldest first.
-            close: no job is queued for ``stream``: unless an owner holds its lock, an
-                end marker follows the entries (the caller then queues a job).
+            run: the job queued for ``stream`` is a replay run the caller queued for
+                these entries (or joins): an end marker follows them, and an end marker
+                the group read before is not this job's end.
             marker_ttl_ms: how long each dead letter's replay marker is kept.
         """
         from ._wire import EOS_FIELD, EOS_VALUE
 
         keys = [stream, self.keys.lock(stream), self.keys.cancel(stream), self.keys.ended(stream)]
         args: list[Any] = [
-            self.keys.group, marker_ttl_ms, "1" if close else "0", EOS_FIELD, EOS_VALUE,
+            self.keys.group, marker_ttl_ms, "run" if run else "", EOS_FIELD, EOS_VALUE,
             self.max_copy_values,
         ]  # fmt: skip
         for dead_letter_id, fields in letters:

@@ -13,17 +13,22 @@ way round:
   script call in the stream's slot (:file:`lua/replay_entry.lua`), which records for
   a day which id each got, so a repeat (a second operator, or a retry after a crash
   before the dead letter was removed) appends nothing. Then the dead letters are
-  removed. They always go before the end of the job that will read them:
+  removed. They always go before the end of the job that will read them, which is
+  always the job they came from (docs/design.md#job-identity):
 
-  - the stream had finished (no job queued, no lock): one end marker follows them and
-    the stream gets one new assignment;
+  - that job has finished (no job queued, no lock): a run of it is queued FIRST (an
+    assignment carrying ``_job``), then they are placed with one end marker after
+    them; a job of the name queued by ``add_stream`` in between is seen, and the
+    replay is refused for that stream;
+  - another job of the name is queued or running: refused for that stream, their
+    dead letters kept, to replay once it has ended;
   - its newest entry is an end marker nobody has read yet (an earlier replay's, or a
     producer's whose job has not got there): they go before it (the unread marker is
     moved behind them), and the job queued or running for it hands them over;
   - a job is running or queued and the stream is open: at the tail, as any entry;
   - the job has read its end marker but not finished yet (or is being cancelled):
     the replay waits for it (up to :data:`BUSY_WAIT_S`), else skips them, their dead
-    letters kept, to replay again.
+    letters kept, to replay again (a run it queued is removed again).
 
 So a replay can be repeated safely, and a crash halfway leaves the dead letter in
 place, never lost.
@@ -47,6 +52,8 @@ from ._keys import DEFAULT_PREFIX, Keys
 from ._operator import OperatorGateway
 from ._scripts import MAX_COPY_VALUES
 from ._wire import (
+    EOS_FIELD,
+    EOS_VALUE,
     FIRST_ID_FIELD,
     JOB_FIELD,
     LOST_AT_FIELD,
@@ -355,7 +362,7 @@ class DeadLetters:
         reassigned = False
         for batch in _batches(records):
             try:
-                ids, created = await self._place(stream, batch)
+                ids, created = await self._place(stream, batch, records[0].id)
             except _Busy as exc:
                 out.update({r.id: str(exc) for r in records if r.id not in out})
                 break
@@ -366,73 +373,103 @@ class DeadLetters:
         return out
 
     async def _place(
-        self, stream: str, batch: builtins.list[DeadLetterRecord]
+        self, stream: str, batch: builtins.list[DeadLetterRecord], unrecorded: str
     ) -> tuple[builtins.list[str], bool]:
         """Put one batch of ``stream``'s dead entries back where a job hands them to
         ``handle()``: (their ids in the stream, whether a new job was queued for them).
 
-        ``replay_entry.lua`` places them from what the stream's group has read; what it
-        cannot see (the assignment index is in another slot) is read here, before
-        (whether a job is queued) and after (whether a job still is, if it left them
-        at an open tail with no owner).
+        A job for them is queued FIRST (docs/design.md#job-identity): the job they
+        came from if it is still queued or running, else a *replay run* of it
+        (:meth:`_queue_run`). Only then does ``replay_entry.lua`` place them, before
+        that job's end: a job of the name that ``add_stream`` queued in between is seen
+        (the run is not created) and the batch is refused, so no other job reads them.
+        Entries dead-lettered before jobs were recorded (no ``_job``) join any job
+        queued for the stream, else a run named ``unrecorded`` (a dead letter's id).
 
         Raises:
-            _Busy: the stream's job stayed past its end marker for :data:`BUSY_WAIT_S`.
+            _Busy: a later job of the name is queued or running, or the stream's job
+                stayed past its end marker for :data:`BUSY_WAIT_S`.
         """
         gw = self._gw
         letters = [(r.id, _replay_fields(r)) for r in batch]
+        recorded = next((r.job for r in batch if r.job), "")
+        job = recorded or unrecorded
         deadline = time.monotonic() + BUSY_WAIT_S
         delay = 0.02
-        queued = await self._queued_job(stream)
-        if queued is not None and any(r.job and r.job != queued for r in batch):
-            # A later job of the name would hand them to handle() as its own.
-            raise _Busy(
-                f"a later job of its stream {stream!r} is running (job {queued}): replay "
-                "it once that job has ended"
-            )
-        close = queued is None
+        created = False
         while True:
-            put = await gw.replay_entries(
-                stream, letters, close=close, marker_ttl_ms=REPLAY_MARKER_TTL_MS
-            )
-            if put.state == "delivered" or (put.state == "placed" and put.owned):
-                return put.ids, False  # read already, or the owner reads on to them
-            if put.state == "placed" and put.closed:
-                # An unread end marker follows them: the queued job (if any) reads them,
-                # else a new one. Its _first_id is theirs, so a job queued just after
-                # another read them finds their end marker and completes at once.
-                # The new job gets the info of the job the entries belonged to.
-                info = next((r.info for r in batch if r.info), {})
-                fields = {**build_fields(stream, info), FIRST_ID_FIELD: put.ids[0]}
-                job = next((r.job for r in batch if r.job), "")
-                if job:  # a run of that job: later replays of its entries may join it
-                    fields[JOB_FIELD] = job
-                _, created = await gw.add_assignment(stream, fields)
+            queued = await self._queued_job(stream)
+            if queued is None and not await gw.lock_exists(stream):
+                # Finished, and its last owner is gone: a run of their job.
+                queued, new = await self._queue_run(stream, batch, job)
+                created = created or new
+            if queued is not None:
+                if (recorded or queued.run) and queued.job != job:
+                    # A later job of the name would hand them to handle() as its own.
+                    raise _Busy(
+                        f"a later job of its stream {stream!r} is queued or running (job "
+                        f"{queued.job}): replay it once that job has ended"
+                    )
+                put = await gw.replay_entries(
+                    stream, letters, run=queued.run, marker_ttl_ms=REPLAY_MARKER_TTL_MS
+                )
+                if put.state == "delivered" or (put.state == "placed" and queued.run):
+                    return put.ids, created
+                if put.state == "placed" and (put.closed or put.owned):
+                    return put.ids, created  # the job reads on to them
+                if put.state == "placed":
+                    # At an open tail, no owner: the job queued when we looked reads
+                    # them, unless it ended meanwhile (then: a run, next time round).
+                    if await self._queued_job(stream) == queued:
+                        return put.ids, created
+                    continue
+            # Busy: its job read its end marker (or is being cancelled) and has not
+            # finished, or the previous job holds the lock still.
+            if time.monotonic() + delay > deadline:
                 if created:
-                    await gw.start_job(stream, put.ids[0], created=True)
-                return put.ids, created
-            if put.state == "placed":
-                # At an open tail, no owner: the job queued when we looked reads them,
-                # unless it finished meanwhile. Then they need an end marker and a job.
-                if close or await self._job_queued(stream) or await gw.lock_exists(stream):
-                    return put.ids, False
-                close = True
-                continue
-            if time.monotonic() + delay > deadline:  # busy
+                    await self._drop_run(stream, job)
                 raise _Busy(
                     f"its stream {stream!r} is ending (its job read its end marker or is "
                     "being cancelled, and has not finished): replay it again later"
                 )
             await anyio.sleep(delay)
             delay = min(2 * delay, 0.5)
-            close = not await self._job_queued(stream)
+
+    async def _queue_run(
+        self, stream: str, batch: builtins.list[DeadLetterRecord], job: str
+    ) -> tuple[_Queued | None, bool]:
+        """Queue a replay run for ``batch``: an assignment of ``stream`` that carries
+        their ``job`` (``_job``) and the info of the job they belonged to. Returns the job
+        then queued for ``stream`` (the run, or one ``add_stream`` queued first) and
+        whether the run was queued now.
+
+        What the ended job left unread is skipped first, as ``add_stream`` does."""
+        gw = self._gw
+        info = next((r.info for r in batch if r.info), {})
+        await gw.start_job(stream, "", created=False)
+        fields = {**build_fields(stream, info), JOB_FIELD: job}
+        run_id, created = await gw.add_assignment(stream, fields)
+        if not created:
+            return await self._queued_job(stream), False
+        # (Its end is recorded under the run's own id, as for any job; its entries'
+        # dead letters record ``job``.)
+        await gw.start_job(stream, run_id, created=True)
+        return _Queued(job, run=True), True
+
+    async def _drop_run(self, stream: str, job: str) -> None:
+        """Undo :meth:`_queue_run` for a batch given up: remove the run if it is still
+        queued, else (an owner took it) end it with an end marker, so that it does not
+        wait for entries that will not come."""
+        state, _, dropped = await self._gw.cancel_queued(stream)
+        if state == "delivered" and dropped == job:
+            await self._gw.append(stream, {EOS_FIELD: EOS_VALUE})
 
     async def _job_queued(self, stream: str) -> bool:
         """Whether the active-assignment index names an assignment of ``stream`` that
         still exists (what ``add_stream`` would deduplicate to)."""
         return await self._queued_job(stream) is not None
 
-    async def _queued_job(self, stream: str) -> str | None:
+    async def _queued_job(self, stream: str) -> _Queued | None:
         """The job (docs/design.md#job-identity) of the assignment of ``stream`` the
         active-assignment index names, if it still exists."""
         active = await self._gw.active_id(stream)
@@ -441,7 +478,8 @@ class DeadLetters:
         fields = (await self._gw.assignment_fields([active]))[0]
         if fields is None:
             return None
-        return fields.get(JOB_FIELD) or fields.get(FIRST_ID_FIELD) or active
+        run = fields.get(JOB_FIELD)
+        return _Queued(run or fields.get(FIRST_ID_FIELD) or active, run=bool(run))
 
     async def purge(
         self,
@@ -476,6 +514,15 @@ class _CannotReplay(Exception):
 
 class _Busy(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """The job queued for a data stream: its identity, and whether it is a replay run
+    (an assignment carrying ``_job``, queued by a replay)."""
+
+    job: str
+    run: bool
 
 
 _ID = re.compile(r"[0-9]+-[0-9]+")

@@ -1,26 +1,27 @@
 -- replay_entry.lua: put dead data entries of ONE data stream back on it, in dead-letter
 -- order, where a job of that stream hands them to handle() (docs/operations.md#dead-letters).
 -- Every key is in the stream's slot, and every read is done before the first write.
+-- The caller has made sure that a job of the entries is queued (docs/design.md#job-identity):
+-- the running job they came from, or a run of that job it queued for them (a replay run:
+-- ARGV[3] = 'run'), always BEFORE they are placed, so a job queued by add_stream meanwhile
+-- is refused by the caller instead of reading them.
 --
 -- Where they go, decided from what the group has read (its last-delivered id L):
---   * BUSY, nothing written: the stream is being cancelled (its cancel marker exists), or
---     the entry at L is an end marker that is still pending or whose reader still holds
---     the lock: that job is ending, and an entry appended now would come after its end
---     (and a retention of 0 deletes the stream at the release). The caller retries.
+--   * BUSY, nothing written: a job of the stream ended and no job started since (its
+--     ended-job marker KEYS[4] exists: the caller queues a new run first); the stream is
+--     being cancelled (its cancel marker exists); or the entry at L is an end marker that
+--     is still pending, or (joining a queued job) whose reader still holds the lock: that
+--     job is ending, and an entry appended now would come after its end. The caller
+--     retries. (For a replay run the lock is its own owner's, or that of the previous
+--     job, which has finished its assignment: the end marker at L is not this run's.)
 --   * the newest entry is an end marker the group has not read (a job, queued or
 --     running, still has to reach it; typically the end marker an earlier replay wrote):
 --     the entries go BEFORE it. A stream cannot insert, so the marker is deleted and
 --     appended again, with its fields, after them. It has not been read, so nobody saw it.
---   * else at the tail. With ARGV[3] = '1' (the caller found no queued job) and no lock
---     (nobody reading), an end marker follows them, so a new job can end.
--- The reply says whether an unread end marker now follows the entries ("closed"): the
--- caller then makes sure a job is queued for the stream. One call per batch: a second
--- batch or a later call finds the first one's marker unread and goes before it.
---
--- An ended-job marker (KEYS[4]: a job of the stream ended, early or at its end
--- marker, and no job started after it) means that everything the group has not read belongs to that ended job:
--- it is skipped (the group moves past it) before the entries are placed, as if it had
--- been read; while that job still holds the lock (it is finishing), BUSY.
+--   * else at the tail; for a replay run an end marker follows them, so the run ends.
+-- The reply says whether an unread end marker now follows the entries ("closed").
+-- One call per batch: a second batch or a later call finds the first one's marker unread
+-- and goes before it.
 --
 -- A replay marker (KEYS[5..], one per dead letter) remembers for a day the id that dead
 -- letter's replay appended: a repeat (a second operator, or a retry after a crash before
@@ -33,7 +34,7 @@
 -- KEYS[5..] the replay marker of each dead letter, in dead-letter order
 -- ARGV[1]   the service's consumer group
 -- ARGV[2]   the replay markers' lifetime, milliseconds
--- ARGV[3]   '1': no job is queued for the stream (the caller read the assignment index)
+-- ARGV[3]   'run': the queued job is a replay run of the entries; '': another job
 -- ARGV[4]   the end marker's field; ARGV[5] its value
 -- ARGV[6]   the most values one XADD may take (MAX_COPY_VALUES)
 -- ARGV[7..] per dead letter, in KEYS order: the number of values n, then its n field
@@ -93,13 +94,8 @@ if kind ~= 'none' and kind ~= 'stream' then
 end
 local owned = redis.call('EXISTS', KEYS[2]) == 1
 local owned_flag = owned and 1 or 0
-local ended = redis.call('GET', KEYS[4])
-if ended and owned then
-  return {'busy', 0, owned_flag}
-end
+local run = ARGV[3] == 'run'
 local last = nil -- the group's last-delivered id; nil: no group, nothing read
-local has_group = false
-local skip_to = nil -- with an ended job: the id the group moves to (its rest skipped)
 if kind == 'stream' then
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local name, id
@@ -111,13 +107,7 @@ if kind == 'stream' then
       end
     end
     if name == group then
-      last, has_group = id, true
-    end
-  end
-  if ended then
-    local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-    if #top > 0 and (last == nil or older(last, top[1][1])) then
-      skip_to, last = top[1][1], top[1][1]
+      last = id
     end
   end
 end
@@ -133,11 +123,11 @@ if #fresh == 0 and (kind == 'none' or not unread(newest)) then
   return reply
 end
 
-local ending = redis.call('EXISTS', KEYS[3]) == 1
+local ending = redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[4]) == 1
 if not ending and last ~= nil and last ~= '0-0' then
   local read = redis.call('XRANGE', stream, last, last)
   if #read > 0 and is_eos(read[1][2]) then
-    ending = owned or #redis.call('XPENDING', stream, group, last, last, 1) > 0
+    ending = (owned and not run) or #redis.call('XPENDING', stream, group, last, last, 1) > 0
   end
 end
 if ending then
@@ -158,14 +148,6 @@ end
 -- Writes.
 local closed = tail ~= nil
 local wrote = false
-if #fresh > 0 and ended then
-  if skip_to and has_group then
-    redis.call('XGROUP', 'SETID', stream, group, skip_to)
-  elseif skip_to then
-    redis.call('XGROUP', 'CREATE', stream, group, skip_to)
-  end
-  redis.call('DEL', KEYS[4])
-end
 if #fresh > 0 then
   if tail then
     redis.call('XDEL', stream, tail[1])
@@ -185,7 +167,7 @@ if #fresh > 0 then
   end
   wrote = true
 end
-if not closed and ARGV[3] == '1' and not owned then
+if not closed and run then
   redis.call('XADD', stream, '*', eos_field, eos_value)
   closed, wrote = true, true
 end

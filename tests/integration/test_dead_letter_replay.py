@@ -31,6 +31,7 @@ from streamjobs import (
 )
 from streamjobs._keys import Keys
 from streamjobs._operator import OperatorGateway
+from streamjobs.dlq import _Queued
 from tests.harness.plugin import ConsumerFactory
 
 from ._helpers import Recorder, eventually
@@ -150,10 +151,12 @@ async def test_a_replay_interrupted_halfway_appends_once(
 
         await eventually(dead)
     [letter] = await letters.list()
-    # A replay that appended the entry and died before removing the dead letter.
+    # A replay that queued its run, appended the entry and died before removing the
+    # dead letter.
+    await letters._queue_run(stream, [letter], letter.job)
     gw = OperatorGateway(redis, Keys(service))
     put = await gw.replay_entries(
-        stream, [(letter.id, list(letter.fields.items()))], close=False, marker_ttl_ms=60_000
+        stream, [(letter.id, list(letter.fields.items()))], run=True, marker_ttl_ms=60_000
     )
     assert put.state == "placed"
     [first] = put.ids
@@ -385,7 +388,7 @@ async def test_several_dead_letters_of_a_finished_stream_in_one_call(
     # finds them read and appends nothing.
     length = await redis.xlen(stream)
     late = await OperatorGateway(redis, Keys(service)).replay_entries(
-        stream, [(i, [("n", "x")]) for i in ids], close=True, marker_ttl_ms=60_000
+        stream, [(i, [("n", "x")]) for i in ids], run=True, marker_ttl_ms=60_000
     )
     assert late.state == "delivered"
     assert late.ids == [r.new_id for r in report.replayed]
@@ -513,15 +516,15 @@ async def later(delay_s: float, action: Callable[[], Any]) -> None:
     action()
 
 
-@pytest.mark.parametrize("why", ["lock", "pending", "cancel"])
+@pytest.mark.parametrize("why", ["lock", "pending"])
 async def test_a_replay_waits_for_a_job_past_its_end_marker(
     redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
     monkeypatch: pytest.MonkeyPatch, why: str,
 ) -> None:  # fmt: skip
     """The job that read the stream's end marker has not finished (its owner holds the
-    lock, or it is still pending: the owner died and recovery will complete it), or
-    the stream is being cancelled: an entry appended now would come after that job's
-    end. The replay waits, then skips it with its dead letter kept."""
+    lock, or it is still pending: the owner died and recovery will complete it): an
+    entry appended now would come after that job's end. The replay waits, then skips
+    it with its dead letter kept, and the run it queued meanwhile is gone again."""
     import streamjobs.dlq
 
     keys = Keys(service)
@@ -532,8 +535,6 @@ async def test_a_replay_waits_for_a_job_past_its_end_marker(
     [(marker, _)] = await redis.xrevrange(stream, count=1)
     if why == "lock":
         await redis.set(keys.lock(stream), "gone:0123456789abcdef")
-    elif why == "cancel":
-        await redis.set(keys.cancel(stream), "stop")
     else:  # as if the owner had read the marker and died before acking it
         await redis.xgroup_setid(stream, service, "0")
         await redis.xreadgroup(service, "ghost", {stream: ">"})
@@ -554,8 +555,6 @@ async def test_a_replay_waits_for_a_job_past_its_end_marker(
         await anyio.sleep(0.5)
         if why == "lock":
             await redis.delete(keys.lock(stream))
-        elif why == "cancel":
-            await redis.delete(keys.cancel(stream))
         else:
             await redis.xack(stream, service, marker)
 
@@ -574,9 +573,9 @@ async def test_a_queued_job_that_finishes_before_the_append_is_noticed(
     redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """The replay saw a job queued, which finished before its script ran: the entry
-    went to the open tail with no end marker and nobody to read it. The replay sees
-    the job gone afterwards, ends the entries with a marker and queues a job."""
+    """The replay saw a job queued, which finished before its script ran: the script
+    finds that job's end recorded and writes nothing, the replay looks again, queues a
+    run for the entries, then places them with their end marker."""
     stream = f"stale:{uid}"
     ids = await finished_with_dead_letters(redis, service, stream, 2, consumer_factory, 0)
     letters = DeadLetters(redis, service=service)
@@ -586,17 +585,57 @@ async def test_a_queued_job_that_finishes_before_the_append_is_noticed(
     assert record is not None
     assert record.job, "a dead letter names its job"
 
-    async def stale(name: str) -> str | None:
+    async def stale(name: str) -> _Queued | None:
         found = await real(name)
         looks.append(found is not None)
         # The first look still saw the job (the one the entries came from).
-        return record.job if len(looks) == 1 else found
+        return _Queued(record.job, run=False) if len(looks) == 1 else found
 
     monkeypatch.setattr(letters, "_queued_job", stale)
     report = await letters.replay(ids)
-    assert looks == [False, False], "looked before and after"
+    assert looks == [False, False], "looked, refused, looked again"
     assert [r.reassigned for r in report.replayed] == [True, True]
     fields = await contents(redis, stream)
     assert fields == [{b"n": b"bad0"}, {b"n": b"bad1"}, {b"_eos": b"1"}]
     await run_to_the_end(consumer_factory, stream, ["bad0", "bad1"], 0)
     await assert_finished(redis, service, stream, 0)
+
+
+async def test_a_job_queued_while_a_replay_runs_reads_only_its_own_entries(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``add_stream`` of the name lands while a replay of a finished job's dead entry
+    runs: after the replay found no job queued, before it queued its run. The run is
+    queued before the entry is placed, so the replay sees the new job, is refused for
+    the stream (the dead letter kept), and the new job reads only its own entries. Once
+    that job has ended, the replay puts the entry back in a run of its own job."""
+    stream = f"race:{uid}"
+    [dead] = await finished_with_dead_letters(redis, service, stream, 1, consumer_factory, None)
+    letters = DeadLetters(redis, service=service)
+    producer = Producer(redis, service=service)
+    gw = letters._gw
+    real = gw.add_assignment
+    raced: list[str] = []
+
+    async def racing(name: str, fields: Any, **kwargs: Any) -> tuple[str, bool]:
+        if "_job" in fields and not raced:  # the replay queues its run
+            raced.append(await producer.add_stream(stream, {"job": 2}))
+        return await real(name, fields, **kwargs)
+
+    monkeypatch.setattr(gw, "add_assignment", racing)
+    report = await letters.replay([dead])
+    assert raced, "add_stream ran inside the replay"
+    assert report.replayed == []
+    [(skipped, why)] = report.skipped
+    assert skipped == dead
+    assert "later job" in why
+    assert await letters.length() == 1, "kept"
+    await producer.append(stream, {"n": "new0"})
+    await producer.close_stream(stream)
+    second = await run_to_the_end(consumer_factory, stream, ["new0"], None)
+    assert second.ended == [stream], "one job, ended at its own end marker"
+    report = await letters.replay([dead])
+    assert [r.reassigned for r in report.replayed] == [True], report
+    await run_to_the_end(consumer_factory, stream, ["bad0"], None)
+    await assert_finished(redis, service, stream, None)

@@ -394,3 +394,11 @@ def test_after_a_replay_rerun_the_later_jobs_of_the_name_are_tainted() -> None:
     assert downstream("s", "7", tainted)
     assert not downstream("s", "4", tainted)
     assert not downstream("t", "7", tainted)
+
+
+def test_a_run_that_handed_over_only_replayed_copies_is_not_a_rerun() -> None:
+    b = Builder().start("A", 0, job="1").call("A", "1-0", 1, 2, job="1").hook(END, "A", 3)
+    b.start("B", 20, job="1").call("B", "9-0", 21, 22, job="1", replayed_from="1-0")
+    assert restarted_after_finish(b.history()) == {}, "a replay's run, no replay logged"
+    b.call("B", "2-0", 23, 24, job="1")  # an entry of its own: a rerun after all
+    assert list(restarted_after_finish(b.history())) == ["s job 1"]
