@@ -386,8 +386,8 @@ def rerun_jobs(replays: Iterable[Replay]) -> set[str]:
 
 def replay_caused(call: Call, tails: Set[EntryKey], rerun: Set[str]) -> bool:
     """Whether a foreign or past-end call comes from a replay (defects of that kind,
-    fixed since, are in soak/README.md; the report names them apart): the call is about a replayed copy,
-    or about a tail entry (``tails``) of a job a replay ran again (``rerun``)."""
+    fixed since, are in soak/README.md; the report names them apart): the call is about
+    a replayed copy, or about a tail entry (``tails``) of a job a replay ran again (``rerun``)."""
     return bool(call.replayed_from) or (call.origin in tails and call.entry_job in rerun)
 
 

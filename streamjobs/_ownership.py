@@ -875,9 +875,13 @@ class OwnedStream:
         or this assignment is a stale duplicate of one that finished. Either way the
         job is done: running it again would wait forever for entries. A marker older
         than the job's first submission belongs to an earlier job of a reused name:
-        the new job's entries are still to come.
+        the new job's entries are still to come. So does one with the same id: the two
+        ids are from different streams, so the previous job's end marker and this
+        job's assignment, written in the same millisecond, can both be ``T-0``.
+        (An owner that died after ending this job is told by ``acquire.lua``, from the
+        ended-job marker; this check is the fallback.)
         """
-        if top == "0-0" or id_order(top) < id_order(self.assignment.first_id):
+        if top == "0-0" or id_order(top) <= id_order(self.assignment.first_id):
             return False
         try:
             return await self.host.gateway.is_end_marker(self.stream, top)

@@ -16,7 +16,7 @@ from streamjobs import DeadLetter, DeadLetterReason, Message, Retry
 from streamjobs._deadletter import parse_dead_letter
 from streamjobs._wire import FIRST_ID_FIELD, RETRY_FIELD
 from streamjobs.metrics import StreamEvent
-from tests.fakes.gateway import FakeGateway
+from tests.fakes.gateway import FakeGateway, ManualClock
 from tests.fakes.runtime import (
     FAST,
     FAST_LOCK,
@@ -535,3 +535,32 @@ async def test_shutdown_while_finish_fails_leaves_the_stream_finishable(
             await eventually(lambda: not fake.locks, "c2 to let go of the lock")
     assert (nxt.calls, nxt.started, nxt.ended) == ([], [], [])
     assert fake.data_ttl_ms("s1") is not None, "the retention was not restored"
+
+
+async def test_a_job_queued_in_the_millisecond_its_predecessor_ended_is_not_taken_as_finished(
+    fake: FakeGateway,
+) -> None:
+    """The previous job's end marker (data stream) and the next job's assignment
+    (assignment stream) were written in the same millisecond, so both ids are ``T-0``.
+    The new owner, finding nothing to read yet, must not take that marker for its own
+    job's end and complete the job before its entries come."""
+    clock = fake.clock
+    assert isinstance(clock, ManualClock)
+    hooks = RecordingHooks()
+    runtime = make_runtime(fake, hooks)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            fake.submit("s1", {"job": 1})
+            clock.advance(1)
+            eos = fake.close("s1")
+            await eventually(lambda: hooks.ended == ["s1"], "job 1 to end")
+            await eventually(lambda: not fake.locks, "job 1's lock to go")
+            job2, created = fake.submit("s1", {"job": 2})
+            assert created
+            assert job2 == eos, "same id, different streams"
+            await eventually(lambda: len(hooks.started) == 2, "job 2 to start")
+            entry = fake.append("s1", {"n": "0"})
+            fake.close("s1")
+            await eventually(lambda: hooks.ended == ["s1", "s1"], "job 2 to end")
+    assert [m.id for m in hooks.handled] == [entry]
+    assert_nothing_held(fake)
