@@ -15,10 +15,12 @@ import anyio
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
+import streamjobs.dlq
 from streamjobs import (
     CancelOutcome,
     ConsumerConfig,
     DeadLetter,
+    DeadLetterFilter,
     DeadLetters,
     Inspector,
     Liveness,
@@ -28,6 +30,7 @@ from streamjobs import (
     RecoveryConfig,
 )
 from streamjobs._cli_ops import prune_consumer_names
+from streamjobs._deadletter import entry_dead_letter
 from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer
 from tests.harness.plugin import RedisServerFactory
@@ -245,3 +248,51 @@ async def test_a_data_stream_outside_the_users_keys_is_logged_not_silent(
     assert any("acquire" in m and "no permissions" in m.lower() for m in messages)
     assert any("taking the stream's lock kept failing" in m for m in messages)
     assert consumer.started == []
+
+
+async def test_the_operator_replays_a_finished_jobs_dead_entry(
+    as_user: Callable[..., Any], admin: AsyncRedis, service: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A replay into a stream whose job ended: it skips what the ended job left, queues
+    a run of it, places the entry; one that gives up waiting removes its run again."""
+    keys = Keys(service)
+    producer = Producer(admin, service=service)
+    streams, bad_ids = {}, {}
+    for name in ("done", "stuck"):
+        stream = streams[name] = f"data:{service}:{name}"
+        job = await producer.add_stream(stream, {"job": name})
+        bad = bad_ids[name] = await producer.append(stream, {"n": "bad"})
+        await producer.close_stream(stream)
+        # As a consumer leaves it: all read and acked, the job ended, its dead letter.
+        await admin.xgroup_create(stream, service, "$")
+        await admin.xdel(keys.assignments, job)
+        await admin.hdel(keys.active, stream)
+        if name == "done":
+            await admin.set(keys.ended(stream), f"n {job}", px=60_000)
+            await producer.append(stream, {"n": "late"})  # the ended job's: skipped
+        letter = entry_dead_letter(
+            {"n": "bad"}, stream=stream, entry_id=bad, retry_count=0, attempts=1,
+            owner="c", error="E: x", info={"job": name}, job=job,
+        )  # fmt: skip
+        await admin.xadd(keys.dead_letters, dict(letter))
+    # "stuck": an owner read its end marker and died before acking it (its assignment
+    # was dead-lettered since): the replay waits, gives up, and leaves no run behind.
+    await admin.xgroup_setid(streams["stuck"], service, "0")
+    await admin.xreadgroup(service, "ghost", {streams["stuck"]: ">"})
+    operator = await as_user("streamjobs-operator", documented_acl("streamjobs-operator"))
+    letters = DeadLetters(operator, service=service)
+    monkeypatch.setattr(streamjobs.dlq, "BUSY_WAIT_S", 0.3)
+    report = await letters.replay(DeadLetterFilter())
+    assert [r.target for r in report.replayed] == [streams["done"]], report
+    [(_, why)] = report.skipped
+    assert "ending" in why
+    assert await denials(admin) == []
+    [(run_id, run)] = await admin.xrange(keys.assignments)
+    assert run[b"stream"] == streams["done"].encode()
+    assert b"_job" in run
+    assert await admin.hget(keys.active, streams["done"]) == run_id
+    [group] = await admin.xinfo_groups(streams["done"])
+    unread = await admin.xrange(streams["done"], f"({group['last-delivered-id'].decode()}")
+    assert [f.get(b"n", f.get(b"_eos")) for _, f in unread] == [b"bad", b"1"], "not 'late'"
+    assert unread[0][1][b"_replayed_from"] == bad_ids["done"].encode()
