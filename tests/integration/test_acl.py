@@ -288,7 +288,8 @@ async def test_the_operator_replays_a_finished_jobs_dead_entry(
     [(_, why)] = report.skipped
     assert "ending" in why
     assert await denials(admin) == []
-    [(run_id, run)] = await admin.xrange(keys.assignments)
+    runs: Any = await admin.xrange(keys.assignments)
+    [(run_id, run)] = runs
     assert run[b"stream"] == streams["done"].encode()
     assert b"_job" in run
     assert await admin.hget(keys.active, streams["done"]) == run_id
