@@ -87,6 +87,11 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     rex.TryAgainError,
     rex.MasterDownError,
     rex.ReadOnlyError,
+    # MOVED and ASK (MovedError is an AskError): the slot is moving or moved in a
+    # failover. redis-py strips the "MOVED " prefix from the message, so the prefix
+    # test below never sees one that reaches us: a command we send on a connection of
+    # our own (the fenced read's transaction) gets it raw.
+    rex.AskError,
     rex.RedisClusterException,  # not a RedisError: a cluster with no reachable node
     OSError,
 )
@@ -1097,7 +1102,9 @@ class Gateway:
         except BaseException as exc:
             # Replies may be left unread on the socket: it must not be reused.
             await connection.disconnect()
-            if isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK ")):
+            if isinstance(exc, rex.AskError) or (
+                isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK "))
+            ):
                 # The slot moved: a command through the cluster client follows the
                 # redirection and refreshes its slot table for the next call.
                 with (

@@ -11,6 +11,7 @@ import json
 
 import anyio
 import pytest
+import redis.exceptions as rex
 
 from streamjobs import (
     DeadLetterReason,
@@ -23,8 +24,9 @@ from streamjobs import (
 )
 from streamjobs._deadletter import parse_dead_letter
 from streamjobs._keys import Keys
-from streamjobs._redis import UnexpectedClientError, translated
+from streamjobs._redis import UnexpectedClientError, translate, translated
 from streamjobs._wire import RETRY_FIELD, parse_assignment
+from streamjobs.exceptions import ScriptError
 from streamjobs.metrics import StreamEvent
 from tests.fakes.gateway import FakeGateway
 from tests.fakes.runtime import (
@@ -75,6 +77,27 @@ async def test_the_boundary_turns_a_client_internal_error_into_a_transient_failu
         await command()
     assert isinstance(caught.value, RedisUnavailable)
     assert isinstance(caught.value.__cause__, AttributeError)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        rex.MovedError("2447 127.0.0.1:17981"),  # redis-py strips the "MOVED " prefix
+        rex.AskError("2447 127.0.0.1:17981"),
+        rex.ResponseError("MOVED 2447 127.0.0.1:17981"),
+    ],
+)
+@pytest.mark.parametrize("in_script", [True, False])
+def test_a_slot_moved_in_a_failover_is_transient_not_a_broken_stream(
+    error: Exception, in_script: bool
+) -> None:
+    """The cluster soak dead-lettered two assignments in a failover: a MOVED reply to
+    the fenced read's own transaction came back as redis-py's MovedError, whose message
+    has no "MOVED" prefix, and was taken for a script failure (PERMANENT). A dead
+    assignment leaves the job's unread rest to the next job of the name."""
+    out = translate(error, in_script=in_script)
+    assert isinstance(out, RedisUnavailable), out
+    assert not isinstance(out, ScriptError)
 
 
 # -- loops survive anything ------------------------------------------------------------
