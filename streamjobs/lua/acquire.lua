@@ -18,6 +18,7 @@
 -- Idempotent: a client retry of a call whose reply was lost finds its own token, and
 -- refreshes the TTL, since the caller measures its local lease from the retry.
 -- Reads (the lock, the marker: a key of another type fails here) come first.
+--#include skip
 local holder = redis.call('GET', KEYS[1])
 local ended = redis.call('GET', KEYS[3])
 local ended_kind, ended_job = nil, nil
@@ -58,7 +59,7 @@ if ended then
   if ended_kind == 'e' then
     -- An earlier job of this name ended early: what was appended after its end
     -- belongs to it, and this job starts after it (docs/design.md#job-identity).
-    redis.call('XGROUP', 'SETID', KEYS[2], ARGV[3], '$')
+    skip_to_end(KEYS[2], ARGV[3])
   end
   redis.call('DEL', KEYS[3])
 end

@@ -393,11 +393,12 @@ class FakeGateway:
             del self.ended[stream]
 
     def _skip_to_end(self, s: _Stream | None) -> None:
-        """XGROUP CREATE/SETID ... $"""
+        """_skip.lua: XGROUP CREATE/SETID ... $, and every pending entry acked."""
         if s is not None:
             if s.group is None:
                 s.group = _Group()
             s.group.last_delivered = s.last_id
+            s.group.pel.clear()
 
     def _job_of(self, assignment_id: str) -> str:
         fields = self._lbs.entries.get(assignment_id, {})

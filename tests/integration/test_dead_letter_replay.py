@@ -535,7 +535,9 @@ async def test_a_replay_waits_for_a_job_past_its_end_marker(
     [(marker, _)] = await redis.xrevrange(stream, count=1)
     if why == "lock":
         await redis.set(keys.lock(stream), "gone:0123456789abcdef")
-    else:  # as if the owner had read the marker and died before acking it
+    else:  # as if the owner had read the marker and died before sealing (and its
+        # assignment was dead-lettered since): no ended-job marker, the marker pending
+        await redis.delete(keys.ended(stream))
         await redis.xgroup_setid(stream, service, "0")
         await redis.xreadgroup(service, "ghost", {stream: ">"})
         await redis.xack(stream, service, *[e for e, _ in await redis.xrange(stream)][:-1])

@@ -315,3 +315,47 @@ async def test_a_replayed_job_ends_and_later_appends_stay_with_it(
         await producer.close_stream(stream)
         await eventually(lambda: _true(len(c.ended) == 3))
     assert _ns(c) == ["stop", "reject", "job2"]
+
+
+@pytest.mark.parametrize("end", ["cancel", "finish", "close"])
+async def test_a_stalled_owners_late_read_of_an_ended_jobs_tail_is_not_the_next_jobs(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory, end: str
+) -> None:
+    """Found by the 30-minute soak: an owner stalled past its lock, woke after its job
+    had ended elsewhere, and its fenced read ran: the fence failed, but the XREADGROUP
+    queued behind it in the same transaction still delivered what the ended job's
+    producer had appended since, to the stalled owner. The next job's owner claimed
+    those pending entries first, as its own, and ended at the old job's end marker:
+    its own entries were never handled."""
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    ns = ["0", "stop", "1"] if end == "finish" else ["0"]
+    await _job(producer, stream, ns, close=end == "close")
+    c = consumer_factory(_FinishesEarly, config=FAST)
+    async with c:
+        if end == "cancel":
+            await eventually(lambda: _true(_ns(c) == ["0"]))
+            await producer.cancel_stream(stream)
+        keys = Keys(service)
+
+        async def over() -> bool:  # sealed (the ended-job marker) and released
+            return bool(await redis.exists(keys.ended(stream))) and not await redis.exists(
+                keys.lock(stream)
+            )
+
+        await eventually(over)
+        await producer.append(stream, {"n": "late"})  # the ended job's producer goes on
+        await producer.close_stream(stream)
+        # The stalled owner's read: its fence failed, its XREADGROUP did not.
+        await redis.xreadgroup(service, "stalled", {stream: ">"})
+        assert (await redis.xpending(stream, service))["pending"] == 2
+        await _job(producer, stream, ["job2"], close=True)
+        await eventually(lambda: _true("job2" in _ns(c)))
+
+        async def job2_over() -> bool:
+            return not await redis.exists(keys.lock(stream))
+
+        await eventually(job2_over)
+    assert "late" not in _ns(c)
+    assert _ns(c)[-1] == "job2"
+    assert (await redis.xpending(stream, service))["pending"] == 0
