@@ -567,9 +567,10 @@ class Soak:
         elif kind == SIGSTOP:
             victim = self.rng.choice([p for p in self.running() if not p.stopped])
             duration = self.s.stop_duration_s(self.rng)
+            stopped_at = now_ns()  # before the signal: it lands before anything later
             victim.worker.signal(signal.SIGSTOP)
             victim.stopped = True
-            victim.stops.append((now_ns(), 2**62))  # closed by the SIGCONT
+            victim.stops.append((stopped_at, 2**62))  # closed by the SIGCONT
             self._record_fault(kind, f"SIGSTOP {victim.name} for {duration:.1f}s")
             followups.start_soon(self._resume_later, victim, duration)
         elif kind == SIGTERM:
@@ -634,9 +635,13 @@ class Soak:
     async def _resume_later(self, victim: Proc, duration: float) -> None:
         await anyio.sleep(duration)
         if victim.stopped and victim.fate in (RUNNING, TERMINATING):
+            # The time before the signal: the worker may run (and record a call) before
+            # this loop reads the clock again, and the SIGSTOP exception of the
+            # exclusive-ownership rule needs its first call to come after this time.
+            resumed_at = now_ns()
             victim.worker.signal(signal.SIGCONT)
             victim.stopped = False
-            victim.stops.append((victim.stops.pop()[0], now_ns()))
+            victim.stops.append((victim.stops.pop()[0], resumed_at))
             self.say(f"SIGCONT {victim.name}")
 
     async def _terminate(self, victim: Proc) -> None:

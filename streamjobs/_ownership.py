@@ -39,7 +39,15 @@ from ._recovery import Recoverer
 from ._redis import ACQUIRED_ENDED, NOT_ACQUIRED, StreamGateway, id_order
 from ._session import parse_session_token
 from ._waiter import Waiter
-from ._wire import CANCEL_FIELD, EOS_FIELD, EOS_VALUE, Assignment, is_eos
+from ._wire import (
+    CANCEL_FIELD,
+    EOS_FIELD,
+    EOS_VALUE,
+    REPLAY_END_FIELD,
+    REPLAYED_FROM_FIELD,
+    Assignment,
+    is_eos,
+)
 from .config import ConsumerConfig
 from .exceptions import (
     DeadLetter,
@@ -554,6 +562,8 @@ class OwnedStream:
                 return await self._cancel(reply.cancelled)
             if batch:
                 count = self._next_count(largest)
+                if self.assignment.run:
+                    batch = self._run_entries(batch)
             if not begun:
                 if not batch and await self._already_finished(top):
                     return await self._complete_silently()
@@ -608,6 +618,21 @@ class OwnedStream:
             self._count_handled(durations)
             if self.finish_requested:
                 return await self._finish()
+
+    def _run_entries(
+        self, batch: list[tuple[str, dict[str, str]]]
+    ) -> list[tuple[str, dict[str, str]]]:
+        """What a DLQ replay's run hands over of ``batch``: its replayed copies and its
+        replay's end marker. Anything else was appended to an ended job after its end
+        (its producer did not know), between the run's queueing and its entries'
+        placement: acked, never handled (docs/design.md#job-identity)."""
+        own = []
+        for entry_id, fields in batch:
+            if REPLAYED_FROM_FIELD in fields or REPLAY_END_FIELD in fields:
+                own.append((entry_id, fields))
+            else:
+                self.to_ack.append(entry_id)
+        return own
 
     def _first_count(self) -> int:
         """Entries to read first: sized by the largest entry the consumer saw last."""
@@ -881,6 +906,8 @@ class OwnedStream:
         (An owner that died after ending this job is told by ``acquire.lua``, from the
         ended-job marker; this check is the fallback.)
         """
+        if self.assignment.run:
+            return False  # its end marker comes with its entries; acquire.lua tells the rest
         if top == "0-0" or id_order(top) <= id_order(self.assignment.first_id):
             return False
         try:

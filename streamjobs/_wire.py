@@ -31,12 +31,16 @@ GO_FIELD = "lbs-input"
 EOS_FIELD = "_eos"
 EOS_VALUE = "1"
 CANCEL_FIELD = "_cancel"
+"""On an end marker written by ``Producer.cancel_stream``: the reason (the stream was
+cancelled, not finished)."""
 REPLAYED_FROM_FIELD = "_replayed_from"
 """Data entries put back by a DLQ replay: the id the entry had when it was first
 dead-lettered (kept across repeated replays), for handlers to key idempotency on
 (``Message.replayed_from``)."""
-"""On an end marker written by ``Producer.cancel_stream``: the reason (the stream was
-cancelled, not finished)."""
+REPLAY_END_FIELD = "_replay_end"
+"""Set (``1``) on the end marker a DLQ replay writes for its run (``replay_entry.lua``):
+a run ends only there. Any other entry a run reads that is not a replayed copy was
+appended to an ended job after its end, and is skipped (docs/design.md#job-identity)."""
 QUOTE_MAX_CHARS = 200
 """Most characters of an input value an error message quotes: log lines stay short."""
 MESSAGE_MAX_CHARS = 500
@@ -59,6 +63,9 @@ class Assignment:
     """The job whose entries it hands over: ``_job`` (set on an assignment a DLQ replay
     queues: the job its entries came from), else :attr:`first_id`. Dead letters record
     it, and a replay never puts an entry into an assignment of another job."""
+    run: bool = False
+    """A DLQ replay's run (it carries ``_job``): it hands over only replayed copies,
+    and ends only at its replay's end marker (:data:`REPLAY_END_FIELD`)."""
 
 
 def quote(value: str | bytes, limit: int = QUOTE_MAX_CHARS) -> str:
@@ -179,6 +186,7 @@ def _parse(entry_id: str, fields: Mapping[str, bytes | str], keys: Keys | None) 
         first_id=first_id,
         lost_at_ms=_lost_at(fields.get(LOST_AT_FIELD)),
         job=first_id if raw_job is None else _text(raw_job, JOB_FIELD),
+        run=raw_job is not None,
     )
 
 

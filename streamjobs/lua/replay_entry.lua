@@ -53,6 +53,14 @@ if not ttl or ttl < 1 or ttl % 1 ~= 0 then
 end
 
 --#include ids
+local function has_field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then
+      return true
+    end
+  end
+  return false
+end
 local function is_eos(fields)
   for i = 1, #fields, 2 do
     if fields[i] == eos_field and fields[i + 1] == eos_value then
@@ -137,7 +145,10 @@ end
 local tail = nil -- the newest entry, if it is an end marker nobody read
 if kind == 'stream' then
   local top = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-  if #top > 0 and is_eos(top[1][2]) and unread(top[1][1]) then
+  -- A run goes before its own unread end marker only: another end marker there (its
+  -- ended job's producer closed it late) is that job's, and the run skips it.
+  if #top > 0 and is_eos(top[1][2]) and unread(top[1][1])
+      and (not run or has_field(top[1][2], '_replay_end')) then
     tail = top[1]
     if #tail[2] > max_values then
       return redis.error_reply('TOOLARGE end marker ' .. tail[1] .. ' of ' .. stream)
@@ -168,7 +179,8 @@ if #fresh > 0 then
   wrote = true
 end
 if not closed and run then
-  redis.call('XADD', stream, '*', eos_field, eos_value)
+  -- The run's own end marker (_wire.REPLAY_END_FIELD): the run ends only at one.
+  redis.call('XADD', stream, '*', eos_field, eos_value, '_replay_end', '1')
   closed, wrote = true, true
 end
 if wrote then

@@ -290,9 +290,10 @@ class RefusesBad(Recorder):
 
 async def contents(redis: AsyncRedis, stream: str) -> list[dict[Any, Any]]:
     """The fields of every entry of ``stream``, without the ``_replayed_from`` a replay
-    adds (tests/integration/test_replay_origin.py checks that one)."""
+    adds to its copies (tests/integration/test_replay_origin.py checks that one) and the
+    ``_replay_end`` it adds to its run's end marker (checked below)."""
     return [
-        {k: v for k, v in f.items() if k != b"_replayed_from"}
+        {k: v for k, v in f.items() if k not in (b"_replayed_from", b"_replay_end")}
         for _, f in await redis.xrange(stream)
     ]
 
@@ -640,4 +641,40 @@ async def test_a_job_queued_while_a_replay_runs_reads_only_its_own_entries(
     report = await letters.replay([dead])
     assert [r.reassigned for r in report.replayed] == [True], report
     await run_to_the_end(consumer_factory, stream, ["bad0"], None)
+    await assert_finished(redis, service, stream, None)
+
+
+async def test_a_run_hands_over_only_its_replayed_entries(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Found by the 30-minute soak: job 2 of the name had ended, and its producer (not
+    knowing) appended more, and an end marker, between the replay's queueing of job 1's
+    run and the placement of job 1's entry. Those belong to job 2: the run skips them
+    (acked, never handled), hands over its replayed copy, and ends at its own marker."""
+    stream = f"late:{uid}"
+    [dead] = await finished_with_dead_letters(redis, service, stream, 1, consumer_factory, None)
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream, {"job": 2})
+    await producer.append(stream, {"n": "job2"})
+    await producer.close_stream(stream)
+    await run_to_the_end(consumer_factory, stream, ["job2"], None)
+    letters = DeadLetters(redis, service=service)
+    gw = letters._gw
+    real = gw.start_job
+
+    async def then_job2_appends(name: str, job: str, *, created: bool) -> bool:
+        skipped = await real(name, job, created=created)
+        if created:  # the run is queued; its entries are not placed yet
+            await producer.append(stream, {"n": "late"})
+            await producer.close_stream(stream)
+        return skipped
+
+    monkeypatch.setattr(gw, "start_job", then_job2_appends)
+    report = await letters.replay([dead])
+    assert [r.reassigned for r in report.replayed] == [True], report
+    [(_, end)] = await redis.xrevrange(stream, count=1)
+    assert end == {b"_eos": b"1", b"_replay_end": b"1"}, "the run's own end marker"
+    run = await run_to_the_end(consumer_factory, stream, ["bad0"], None)
+    assert run.ended == [stream]
     await assert_finished(redis, service, stream, None)
