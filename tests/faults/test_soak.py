@@ -1,10 +1,10 @@
-"""The chaos soak (``python -m soak``, see soak/README.md) as part of the suite: a short
+"""The chaos soak (``python -m tests.soak``, see tests/soak/README.md) as part of the suite: a short
 run on a private standalone server and one on a private 3+3 cluster.
 
 Each run is a subprocess, started as the README shows (from the repository root); it
 fails with the soak's own report when a check fails. The seed is random unless
 ``SOAK_SEED`` is set; it is printed in the report, so a failure can be replayed with
-``python -m soak --target ... --seed N`` (the fault sequence, not the exact timing).
+``python -m tests.soak --target ... --seed N`` (the fault sequence, not the exact timing).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run_soak(target: str, duration_s: float, timeout_s: float) -> dict[str, str]
     argv = ["--target", target, "--duration-s", str(duration_s), "--seed", seed, *SHORT]
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "soak", *argv],
+            [sys.executable, "-m", "tests.soak", *argv],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -54,7 +54,7 @@ def run_soak(target: str, duration_s: float, timeout_s: float) -> dict[str, str]
     summary = match.groupdict() if match else {}
     if match is None or proc.returncode != 0:
         pytest.fail(
-            f"python -m soak {' '.join(argv)} exited with {proc.returncode}:\n{report}",
+            f"python -m tests.soak {' '.join(argv)} exited with {proc.returncode}:\n{report}",
             pytrace=False,
         )
     print(f"\n{match.group(0)}")

@@ -1,11 +1,11 @@
-"""The soak's history rules (soak/history.py) on hand-made histories: no Redis, no processes.
+"""The soak's history rules (tests/soak/history.py) on hand-made histories: no Redis, no processes.
 
 Times are in milliseconds here and scaled to the nanoseconds the records carry.
 """
 
 from __future__ import annotations
 
-from soak.history import (
+from tests.soak.history import (
     FINISH,
     POISON,
     REJECT,
@@ -24,8 +24,8 @@ from soak.history import (
     rerun_jobs,
     restarted_after_finish,
 )
-from soak.worker import CANCELLED, END, ENTER, EXIT, LOST, OK, START, record
-from soak.worker import REJECT as REJECTED
+from tests.soak.worker import CANCELLED, END, ENTER, EXIT, LOST, OK, START, record
+from tests.soak.worker import REJECT as REJECTED
 
 MS = 1_000_000
 

@@ -12,7 +12,7 @@ as a replay of an entry of a finished job does when the name is free). Fixed: th
 replay is refused ("a later job ... is running") until job 2 has ended, then runs as
 a job of its own with job 1's info.
 
-    .venv/bin/python -m soak.repro.replay_into_later_job
+    .venv/bin/python -m tests.soak.repro.replay_into_later_job
 
 Prints every ``handle()`` call as (entry id, the entry's job, ``info["job"]``,
 ``replayed_from``) and ends with ``FOREIGN`` or ``OK``; exit status 1 or 0.

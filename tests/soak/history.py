@@ -1,9 +1,9 @@
 """The soak's history checks: pure functions over the records the workers pushed.
 
-The records are described in :mod:`soak.worker`; the rules checked here (exclusive
+The records are described in :mod:`tests.soak.worker`; the rules checked here (exclusive
 ownership with the one allowed exception, order within an episode, what counts as
 lost, foreign entries, a finished job started again) are stated in the package
-docstring (:mod:`soak`). Nothing here does I/O, so the rules are unit-tested on
+docstring (:mod:`tests.soak`). Nothing here does I/O, so the rules are unit-tested on
 hand-made histories (``tests/unit/test_soak_history.py``).
 """
 
@@ -120,7 +120,7 @@ class History:
 
 
 def parse(records: Iterable[str]) -> History:
-    """Build the history from raw records (see :mod:`soak.worker` for the format)."""
+    """Build the history from raw records (see :mod:`tests.soak.worker` for the format)."""
     calls: list[Call] = []
     episodes: dict[str, Episode] = {}
     open_calls: dict[tuple[str, str, str, int], list[Call]] = defaultdict(list)
@@ -182,7 +182,7 @@ def parse(records: Iterable[str]) -> History:
 
 @dataclass
 class ExclusiveReport:
-    """The outcome of the exclusive-ownership rule (see the :mod:`soak` docstring)."""
+    """The outcome of the exclusive-ownership rule (see the :mod:`tests.soak` docstring)."""
 
     stale_calls: list[str] = field(default_factory=list)
     same_episode_overlaps: list[str] = field(default_factory=list)
@@ -386,7 +386,7 @@ def rerun_jobs(replays: Iterable[Replay]) -> set[str]:
 
 def replay_caused(call: Call, tails: Set[EntryKey], rerun: Set[str]) -> bool:
     """Whether a foreign or past-end call comes from a replay (defects of that kind,
-    fixed since, are in soak/README.md; the report names them apart): the call is about
+    fixed since, are in tests/soak/README.md; the report names them apart): the call is about
     a replayed copy, or about a tail entry (``tails``) of a job a replay ran again (``rerun``)."""
     return bool(call.replayed_from) or (call.origin in tails and call.entry_job in rerun)
 

@@ -1,4 +1,4 @@
-"""``python -m soak``: see :mod:`soak`."""
+"""``python -m tests.soak``: see :mod:`tests.soak`."""
 
 import sys
 

@@ -8,7 +8,7 @@ removes it (``REMOVED``). No owner ever seals that job, and the seal is what app
 (unless a later job of the same name comes and ends). Every other way a job ends
 leaves the stream expiring.
 
-    .venv/bin/python -m soak.repro.cancel_unread_retention
+    .venv/bin/python -m tests.soak.repro.cancel_unread_retention
 
 Prints the outcome and the stream's PTTL (-1: no TTL) and exits 1 when it has none.
 """

@@ -12,7 +12,7 @@ one more entry (``job=1``). Then job 2 starts (``add_stream`` after job 1's end)
 owner hands that entry of job 1 to ``handle()`` with job 2's info. Expected: it is
 skipped, like any entry appended after job 1's early end and before the next job.
 
-    .venv/bin/python -m soak.repro.replay_after_early_end
+    .venv/bin/python -m tests.soak.repro.replay_after_early_end
 
 Prints every ``handle()`` call as (entry id, the entry's job, ``info["job"]``,
 ``replayed_from``) and ends with ``FOREIGN`` or ``OK``; exit status 1 or 0.

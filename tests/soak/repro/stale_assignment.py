@@ -9,7 +9,7 @@ stream. Then A wakes up, takes the lock for the stale assignment and starts the 
 again: it clears the finished stream's retention TTL and waits for entries forever,
 holding its lock; nothing is left pending, so nothing will ever recover it.
 
-    .venv/bin/python -m soak.repro.stale_assignment
+    .venv/bin/python -m tests.soak.repro.stale_assignment
 
 Run from the repository root (B runs ``tests.faults.workers:RecordingWorker``).
 """
@@ -32,7 +32,7 @@ from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, Stream
 from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer, WorkerFleet
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SERVICE = "repro"
 STREAM = "d:1"
 STALL_S = 4.0

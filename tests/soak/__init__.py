@@ -1,6 +1,6 @@
-"""Chaos soak of streamjobs: ``python -m soak [--target standalone|cluster] ...``.
+"""Chaos soak of streamjobs: ``python -m tests.soak [--target standalone|cluster] ...``.
 
-A fleet of ``streamjobs worker soak.worker:SoakWorker`` processes, half of them with
+A fleet of ``streamjobs worker tests.soak.worker:SoakWorker`` processes, half of them with
 ``Liveness.LOCK`` and half with ``Liveness.SESSION``, consumes jobs that a producer
 writes at a steady rate, while faults are injected at random (seeded): kill -9, SIGSTOP
 past the lock TTL then SIGCONT, SIGTERM of a consumer (each replaced by a new process),
@@ -16,12 +16,12 @@ entries are rejected by the handler (``DeadLetter``) and replayed from the
 dead-letter stream every few seconds and during the drain (``reject``). Every job has
 a soak-wide number ``n``: ``info={"job": n, ...}``, and each of its entries carries
 ``job=n``. Then production and faults stop, the fleet drains, stops gracefully, and
-the whole history is checked. Usage and example output: ``soak/README.md``.
+the whole history is checked. Usage and example output: ``tests/soak/README.md``.
 
-Modules: :mod:`soak.worker` (the consumer and its records), :mod:`soak.produce`
-(the producer), :mod:`soak.stores` (the private server or cluster),
-:mod:`soak.history` (the rules below, pure), :mod:`soak.runner` (the run, the replays
-and the report), :mod:`soak.repro` (stand-alone reproductions of the defects the soak
+Modules: :mod:`tests.soak.worker` (the consumer and its records), :mod:`tests.soak.produce`
+(the producer), :mod:`tests.soak.stores` (the private server or cluster),
+:mod:`tests.soak.history` (the rules below, pure), :mod:`tests.soak.runner` (the run, the replays
+and the report), :mod:`tests.soak.repro` (stand-alone reproductions of the defects the soak
 found).
 
 Records
@@ -127,7 +127,7 @@ handled (``past_end_replay``); a ``reject`` entry whose replayed copy was never 
 entries of that job and of the later jobs of its name (a tail that ends in an end
 marker ends the job that reads it, which leaves its own entries to the next job). So
 is a lease member left for an assignment that no longer exists (``stale_lease``).
-Defects of streamjobs caused them, now fixed (``soak/README.md``, "Defects it found",
+Defects of streamjobs caused them, now fixed (``tests/soak/README.md``, "Defects it found",
 items 4-7); the names stay so that a regression is recognised at once.
 
 Duplicates (an entry handled more than once) are counted, not failed: delivery is at

@@ -12,7 +12,7 @@ session mode that member's deadline is the long session lock TTL (10 minutes her
 nothing sweeps it before then: once every stream has finished, the lease index still
 holds it, and if the consumers stop, it stays.
 
-    .venv/bin/python -m soak.repro.stale_lease
+    .venv/bin/python -m tests.soak.repro.stale_lease
 
 Prints the lease index at the end and exits 1 if it holds a member.
 """

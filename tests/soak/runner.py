@@ -1,6 +1,6 @@
 """The soak run: start everything, produce, inject faults, drain, check, report.
 
-See the package docstring (:mod:`soak`) for what is checked and README.md for usage.
+See the package docstring (:mod:`tests.soak`) for what is checked and README.md for usage.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ from .stores import (
 )
 from .worker import EVENTS_KEY, HANDLED_KEY, RECORD_URL_ENV, REJECT_REASON
 
-ROOT: Final = Path(__file__).resolve().parents[1]
-TARGET: Final = "soak.worker:SoakWorker"
+ROOT: Final = Path(__file__).resolve().parents[2]
+TARGET: Final = "tests.soak.worker:SoakWorker"
 WORKER_FAULTS: Final = (KILL9, SIGSTOP, SIGTERM)
 _MONITOR_S: Final = 0.25
 _LOG_TAIL_LINES: Final = 40
@@ -152,7 +152,7 @@ DEFAULT_TTL_S: Final = {"standalone": 2.5, "cluster": 8.0}
 
 def parse_args(argv: Sequence[str] | None) -> Settings:
     p = argparse.ArgumentParser(
-        prog="python -m soak",
+        prog="python -m tests.soak",
         description="Chaos soak of streamjobs: a worker fleet under random faults, "
         "then a check of the whole history. Exit 0 if every check passes, 1 if not.",
     )

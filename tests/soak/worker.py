@@ -1,4 +1,5 @@
-"""The consumer the soak's worker processes run (``streamjobs worker soak.worker:SoakWorker``).
+"""The consumer the soak's worker processes run
+(``streamjobs worker tests.soak.worker:SoakWorker``).
 
 Every ``handle()`` call is recorded twice on the *side server* (a Redis the chaos never
 touches, named by ``$SOAK_RECORD_URL``): an ``E`` (enter) record, pushed before the

@@ -1,0 +1,68 @@
+"""Real processes for tests and demos: a throw-away Redis and a fleet of workers.
+
+This module is for code that exercises streamjobs against real processes rather
+than mocks: your own integration and fault tests, demos, benchmarks, and this
+project's test suite. It offers two things:
+
+* :class:`RedisServer`: a private ``redis-server`` run as a foreground child on
+  127.0.0.1, with its own directory and log file. It can crash (:meth:`~RedisServer.kill`)
+  and come back with what its append-only file holds, be paused, restarted, and
+  serve as one node of a cluster a test assembles itself.
+* :class:`WorkerFleet`: ``streamjobs worker MODULE:CLASS`` subprocesses, one log
+  file each, that can be signalled, killed, or stopped gracefully.
+
+Its own imports are the standard library, redis-py and the exception tree: nothing
+here depends on the consumer runtime, whose behaviour these processes are meant to
+check from outside.
+``import streamjobs`` does not load it; import ``streamjobs.testing`` explicitly.
+
+Example::
+
+    from streamjobs.testing import RedisServer, WorkerFleet
+
+    with (
+        RedisServer(appendonly=True) as server,
+        WorkerFleet(server.url, "billing", "myapp.workers:Billing") as fleet,
+    ):
+        victim = fleet.start("w0")
+        fleet.start("w1")
+        fleet.wait_started()
+        ...  # queue work with streamjobs.Producer
+        victim.kill()  # SIGKILL: w1 must recover w0's streams
+        server.kill()  # a Redis crash; start() brings it back from the AOF
+        server.start()
+
+Every process started here is also killed when the interpreter exits, in case its
+owner could not stop it; that is a safety net, not a replacement for ``stop()``.
+"""
+
+from ._fleet import Worker, WorkerFleet
+from ._process import (
+    HOST,
+    RESERVED_PORTS,
+    SERVER_ENV_VAR,
+    PortInUseError,
+    RedisServerError,
+    WorkerError,
+    answers,
+    bundled_server,
+    free_port,
+    server_binary,
+)
+from ._server import RedisServer
+
+__all__ = (
+    "HOST",
+    "RESERVED_PORTS",
+    "SERVER_ENV_VAR",
+    "PortInUseError",
+    "RedisServer",
+    "RedisServerError",
+    "Worker",
+    "WorkerError",
+    "WorkerFleet",
+    "answers",
+    "bundled_server",
+    "free_port",
+    "server_binary",
+)
