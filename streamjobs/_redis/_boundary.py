@@ -1,0 +1,421 @@
+"""The Redis boundary's core: error translation, the command decorators, the raw
+transaction, and reply decoding (see :mod:`streamjobs._redis`)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
+
+import anyio
+from redis import exceptions as rex
+
+from .._keys import Keys
+from .._scripts import Scripts
+from ..exceptions import (
+    NoSuchGroup,
+    PermissionDenied,
+    RedisCommandError,
+    RedisUnavailable,
+    ScriptError,
+    StreamJobsError,
+    WrongKeyType,
+)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+RawFields = dict[str, bytes | str]
+LostAt = int | Literal["lease"] | None
+"""When a re-queued assignment's previous owner was lost (see ``Gateway.requeue``)."""
+Entry = tuple[str, dict[str, str]]
+Addr = tuple[str, int]
+SlotMap = dict[tuple[int, int], Addr]
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    rex.ConnectionError,
+    rex.TimeoutError,
+    rex.BusyLoadingError,
+    rex.ClusterDownError,
+    rex.TryAgainError,
+    rex.MasterDownError,
+    rex.ReadOnlyError,
+    # MOVED and ASK (MovedError is an AskError): the slot is moving or moved in a
+    # failover. redis-py strips the "MOVED " prefix from the message, so the prefix
+    # test below never sees one that reaches us: a command we send on a connection of
+    # our own (the fenced read's transaction) gets it raw.
+    rex.AskError,
+    rex.RedisClusterException,  # not a RedisError: a cluster with no reachable node
+    OSError,
+)
+# Error replies that mean "the topology is changing, try again": a failover
+# force-unblocks blocked reads with UNBLOCKED, a demoted primary answers READONLY.
+_TRANSIENT_PREFIXES = (
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+    "ASK ",
+    "LOADING",
+    "MASTERDOWN",
+    "UNBLOCKED",
+    "READONLY",
+    "BUSY ",  # a script past lua-time-limit (ours or another client's): it ends
+)
+
+
+class UnexpectedClientError(RedisUnavailable):
+    """The client raised something that is not a Redis error while running a command.
+
+    Seen in practice: ``AttributeError`` from inside redis-py when a connection is torn
+    down under load during a failover. Treated as transient (the command may or may
+    not have run, exactly as with a lost connection), but logged with its traceback.
+    """
+
+
+class EntryTooLarge(ScriptError):
+    """TOOLARGE: ``requeue.lua`` refused to copy an assignment with more fields than
+    one XADD in a script can carry (``_scripts.MAX_COPY_VALUES``). Nothing was written:
+    the assignment is still pending, and recovery dead-letters it as ``too_large``."""
+
+
+_TOO_LARGE_PREFIX = "TOOLARGE"
+# What a script gets when its user may not run a command it calls (not NOPERM).
+_SCRIPT_NOPERM = "user executing the script can't run this command"
+
+_CURSOR_KEEP_MS = 24 * 3600 * 1000
+
+DEAD_MARKER_TTL_MS = 24 * 3600 * 1000
+ENDED_MARKER_TTL_MS = 24 * 3600 * 1000
+"""How long a job that ended early is remembered (``Keys.ended``): what its producer
+appends to the stream within that time is skipped by the next job of the name."""
+NOT_ACQUIRED, ACQUIRED, ACQUIRED_ENDED = 0, 1, 2
+"""What :meth:`Gateway.acquire` answers."""
+"""How long a data entry's dead-letter marker is kept (``Keys.dead_marker``): far
+longer than an owner's death takes to be noticed and the entry handled again."""
+
+PLAIN_DEAD_LETTER_BYTES = 256 * 1024
+"""Entries larger than this are dead-lettered by a plain XADD (in a MULTI), not by
+``dlq_add.lua``: a script copying a 50 MB entry ran for 225-353 ms."""
+
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, RedisCommandError)
+"""Everything this boundary raises for a failed command. Loops catch this, back off
+and carry on, so that no Redis failure (transient or not) ends a loop."""
+
+
+def translate(exc: BaseException, *, in_script: bool = False) -> BaseException:
+    """Map a redis-py (or socket) exception to the streamjobs tree.
+
+    Args:
+        exc: what redis-py raised.
+        in_script: the command was one of our Lua scripts, so an otherwise unknown
+            error reply is the script's own failure.
+    """
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, _TRANSIENT):
+        return RedisUnavailable(message)
+    if not isinstance(exc, rex.RedisError):
+        return exc
+    reply = str(exc)
+    if isinstance(exc, rex.NoPermissionError):  # NOPERM, its prefix stripped by redis-py
+        return PermissionDenied(message)
+    if isinstance(exc, rex.ResponseError):
+        if reply.startswith(_TRANSIENT_PREFIXES):
+            return RedisUnavailable(message)
+        if reply.startswith("NOGROUP"):
+            return NoSuchGroup(message)
+        if reply.startswith("NOPERM") or _SCRIPT_NOPERM in reply:
+            return PermissionDenied(message)
+        if reply.startswith("WRONGTYPE"):
+            return WrongKeyType(message)
+        if in_script and reply.startswith(_TOO_LARGE_PREFIX):
+            return EntryTooLarge(message)
+        if in_script:
+            return ScriptError(message)
+    return RedisCommandError(message)
+
+
+_HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "streamjobs_holds_a_command_slot", default=False
+)
+
+
+async def _initialized(target: Any) -> None:
+    """Initialize a cluster client that has no default node (no slot table) yet.
+
+    Works around redis-py's asyncio ``RedisCluster.execute_command`` (seen in 8.1),
+    which picks a command's route *before* it initializes the client: while
+    ``get_default_node()`` is None (a fresh client, or one that closed itself to
+    reinitialize) a command its policy table does not know (EVALSHA, PERSIST, XADD,
+    ...) gets the keyless policy and goes to a random primary, which answers MOVED.
+    Every ``reinitialize_steps``-th (5th) MOVED, ``_execute_command`` calls
+    ``RedisCluster.aclose()``, and ``ClusterNode.disconnect()`` closes every
+    connection of every node, in use or not: a connection another task is still
+    opening then fails in ``on_connect`` with ``AttributeError: 'NoneType' object
+    has no attribute 'writelines'``, which redis-py does not retry (issue 21: about
+    one producer call in 90 on a fresh client, with no fault at all). Initialized
+    first, the client routes every command by its key's slot. ``initialize()`` takes
+    the client's lock and returns at once if another task did the work.
+    """
+    get_default_node = getattr(target, "get_default_node", None)
+    if get_default_node is not None and get_default_node() is None:
+        await target.initialize()
+
+
+def _translating(
+    in_script: bool, *, limited: bool = True
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                if args:  # the gateway's client, or the client a module function takes
+                    await _initialized(
+                        args[0].client if isinstance(args[0], CommandsBase) else args[0]
+                    )
+                result = await fn(*args, **kwargs)
+            except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
+                raise translate(exc, in_script=in_script) from exc
+            except StreamJobsError:
+                raise
+            except Exception as exc:
+                raise UnexpectedClientError(f"{type(exc).__name__}: {exc}") from exc
+            if args and isinstance(args[0], CommandsBase):
+                args[0].last_ok = time.monotonic()  # readiness: Redis answered
+            return result
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            # A gateway method takes one of its consumer's command slots (nested
+            # calls of the same task reuse it), so the connections a consumer opens
+            # stay bounded however many of its streams act at once.
+            limiter = getattr(args[0], "limiter", None) if limited and args else None
+            if limiter is None or _HOLDING.get():
+                return await call(*args, **kwargs)
+            async with limiter:
+                token = _HOLDING.set(True)
+                try:
+                    return await call(*args, **kwargs)
+                finally:
+                    _HOLDING.reset(token)
+
+        return wrapper
+
+    return decorate
+
+
+translated = _translating(in_script=False)
+"""Decorator: run a coroutine of plain commands, translating redis-py exceptions."""
+script = _translating(in_script=True)
+"""Decorator: like :func:`translated`, for a coroutine that runs one of our scripts."""
+blocking = _translating(in_script=False, limited=False)
+"""Decorator: like :func:`translated`, for a blocking read, which takes no command
+slot (a long wait must not starve the others; the pool check counts these)."""
+
+
+def _release(node: Any, connection: Any) -> None:
+    """Give a connection back to a cluster node's pool: ``ClusterNode.release`` where
+    it exists (redis-py 6+); redis-py 5 has no such method, and takes connections
+    back through its free queue."""
+    release = getattr(node, "release", None)
+    if release is not None:
+        release(connection)
+    else:
+        node._free.append(connection)
+
+
+async def _raw_transaction(connection: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
+    """MULTI, ``commands``, EXEC in one write on ``connection``; the EXEC reply, unparsed.
+
+    The hot read path's transaction, sent below redis-py's pipeline: the replies skip
+    its per-command callbacks (``sized_entries`` reads the raw shape) and its
+    bookkeeping, measured at about a fifth of the client's time per batch.
+    """
+    await connection.send_packed_command(
+        connection.pack_commands([("MULTI",), *commands, ("EXEC",)])
+    )
+    for _ in range(len(commands) + 1):  # OK, then QUEUED per command
+        await connection.read_response()
+    return await connection.read_response()
+
+
+def _exec_replies(replies: Any) -> list[Any]:
+    if replies is None:  # EXEC aborted (never happens without WATCH)
+        raise RedisUnavailable("EXEC aborted")
+    return list(replies)
+
+
+_CLAIM_SPAN_SLACK = 100
+"""Entries acked between claimed ones that one XRANGE over the claimed span may carry."""
+
+
+def id_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair ((0, 0) if it is not one)."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
+
+
+def text(value: bytes | str | int) -> str:
+    """A reply value as str (clients may or may not decode responses)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+class ReadReply(NamedTuple):
+    """What one fenced read of a data stream returned."""
+
+    owned: bool
+    """The token held the lock (False: nothing was acked or read)."""
+    top: str
+    """When nothing was read: the newest id the group has seen, to wait for a newer one."""
+    entries: list[Entry]
+    largest_bytes: int = 0
+    """Size of the largest entry read (its field names and values), in bytes."""
+    claimed: bool = False
+    """The entries came from the pending list: more may be pending, so the next read
+    should claim first (``fenced_read(claim=True)``)."""
+    cancelled: str | None = None
+    """The stream was cancelled (``Producer.cancel_stream``), for this reason: hand
+    nothing more to ``handle()`` and end it."""
+
+
+NOT_OWNED = ReadReply(False, "", [])
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, bytes | str) else len(str(value))
+
+
+def _decoded(body: Any) -> tuple[dict[str, str], int]:
+    """One entry's fields, decoded, and their size in bytes (the hot paths: a raw reply
+    of bytes, or one redis-py parsed into a dict; anything else takes the general path)."""
+    if type(body) is list:  # a raw reply: [field, value, field, value, ...]
+        try:
+            # bytes.decode without arguments is CPython's fastest UTF-8 path; a value
+            # that is not UTF-8 (or not bytes) takes the general path below.
+            values = iter(map(bytes.decode, body))
+            return dict(zip(values, values, strict=True)), sum(map(len, body))
+        except (TypeError, ValueError):  # UnicodeDecodeError is a ValueError
+            pass
+    elif type(body) is dict:
+        try:
+            fields = {
+                k.decode("utf-8", "surrogateescape"): v.decode("utf-8", "surrogateescape")
+                for k, v in body.items()
+            }
+            return fields, sum(map(len, body)) + sum(map(len, body.values()))
+        except AttributeError:  # not bytes
+            pass
+    pairs = (
+        list(body.items())
+        if isinstance(body, Mapping)
+        else [(body[i], body[i + 1]) for i in range(0, len(body), 2)]
+    )
+    return {text(k): text(v) for k, v in pairs}, sum(_size(k) + _size(v) for k, v in pairs)
+
+
+def sized_entries(raw_entries: Sequence[Any] | None) -> tuple[list[Entry], int]:
+    """Decode stream entries as redis-py parsed them (``(id, {field: value})`` pairs,
+    or flat ``[f, v, ...]`` lists) and measure the largest one in bytes."""
+    out: list[Entry] = []
+    largest = 0
+    for item in raw_entries or ():
+        if not item or item[1] is None:  # an entry deleted after it was claimed
+            continue
+        fields, size = _decoded(item[1])
+        if size > largest:
+            largest = size
+        out.append((text(item[0]), fields))
+    return out, largest
+
+
+def _stream_entries(reply: Any) -> Sequence[Any]:
+    """The entries of an XREADGROUP reply for one stream, RESP2 or RESP3 shaped."""
+    if not reply:
+        return ()
+    batches = list(reply.values()) if isinstance(reply, dict) else [r[1] for r in reply]
+    batch = batches[0]
+    if batch and isinstance(batch[0], list) and not isinstance(batch[0][0], bytes | str):
+        batch = batch[0]  # RESP3 nests one level deeper
+    return batch  # type: ignore[no-any-return]
+
+
+def raw(values: Sequence[str]) -> list[bytes]:
+    """Strings that may have come from :func:`text` as the bytes they were decoded from.
+
+    Data-entry fields reach ``handle()`` decoded with ``surrogateescape``; a dead letter
+    must write those exact bytes back (redis-py's encoder would refuse the surrogates).
+    """
+    return [v.encode("utf-8", "surrogateescape") for v in values]
+
+
+def _raw_fields(fields: Mapping[Any, Any] | None) -> RawFields:
+    return {text(k): v for k, v in (fields or {}).items()}
+
+
+class CommandsBase:
+    """What the command groups of :class:`~streamjobs._redis.Gateway` share: the state
+    its ``__init__`` sets, and the raw transaction on a connection of our own."""
+
+    client: Any
+    keys: Keys
+    limiter: anyio.CapacityLimiter | None
+    dlq: str
+    dlq_maxlen: int
+    max_copy_values: int
+    scripts: Scripts
+    _is_cluster: bool
+    last_ok: float | None
+
+    async def _transaction(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Run ``commands`` (all on ``key``'s slot) in one MULTI/EXEC; error replies are
+        returned in place, as exceptions.
+
+        It goes raw over one connection of the pool (on a cluster, of the primary that
+        holds ``key``'s slot): redis-py's cluster pipeline has no usable transactions
+        across the versions we support, and on a standalone server its pipeline's
+        per-command parsing and bookkeeping cost more client time than the batch's own
+        entries. Replies are then unparsed (what :func:`sized_entries` reads).
+        """
+        if not hasattr(self.client, "get_node_from_key"):
+            pool = self.client.connection_pool
+            try:
+                connection = await pool.get_connection()
+            except TypeError:  # redis-py before 5.3 wants a command name
+                connection = await pool.get_connection("MULTI")
+            try:
+                replies = await _raw_transaction(connection, commands)
+            except BaseException:
+                await connection.disconnect()  # replies may be left unread on the socket
+                raise
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await pool.release(connection)
+            return _exec_replies(replies)
+        node = self.client.get_node_from_key(key)
+        connection = node.acquire_connection()
+        try:
+            replies = await _raw_transaction(connection, commands)
+        except BaseException as exc:
+            # Replies may be left unread on the socket: it must not be reused.
+            await connection.disconnect()
+            if isinstance(exc, rex.AskError) or (
+                isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK "))
+            ):
+                # The slot moved: a command through the cluster client follows the
+                # redirection and refreshes its slot table for the next call.
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(5),
+                    contextlib.suppress(rex.RedisError, OSError),
+                ):
+                    await self.client.exists(key)
+            raise
+        finally:
+            _release(node, connection)
+        return _exec_replies(replies)

@@ -1,0 +1,301 @@
+"""Locks and data streams: acquiring, extending, fenced reads and claims, sealing, releasing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from redis import exceptions as rex
+
+from ..exceptions import (
+    RedisUnavailable,
+)
+from ._boundary import (
+    _CLAIM_SPAN_SLACK,
+    ENDED_MARKER_TTL_MS,
+    NOT_OWNED,
+    CommandsBase,
+    ReadReply,
+    _stream_entries,
+    blocking,
+    id_order,
+    script,
+    sized_entries,
+    text,
+    translate,
+)
+
+
+class StreamCommands(CommandsBase):
+    """Locks and data streams: acquiring, extending, fenced reads and claims, sealing, releasing."""
+
+    # -- locks and data streams ----------------------------------------------------
+
+    @script
+    async def acquire(
+        self, stream: str, token: str, ttl_ms: int, replace: str = "", job: str = ""
+    ) -> int:
+        """Take ``stream``'s lock for ``token``: if it is free, or if it holds ``replace``
+        (a dead session's token, read by the caller: docs/design.md#liveness).
+
+        Returns:
+            :data:`NOT_ACQUIRED` (someone else holds it), :data:`ACQUIRED`, or
+            :data:`ACQUIRED_ENDED`: taken, but job ``job`` already ended early (its owner
+            died before completing the assignment): only complete it.
+        """
+        r = await self.scripts.acquire(
+            keys=[self.keys.lock(stream), stream, self.keys.ended(stream)],
+            args=[token, ttl_ms, self.keys.group, replace, job],
+        )
+        return int(r)
+
+    @script
+    async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:
+        """Extend each (stream, token) lock (compare-and-set on the token).
+
+        Returns, per lock: True extended, False gone or someone else's, None unknown
+        (its node could not be reached). On a standalone server it is one pipelined
+        round trip and all or nothing (it raises). On a cluster the locks are grouped
+        by node and each node is asked concurrently, so one unreachable primary
+        (mid-failover) does not keep the locks on the others from being extended.
+        """
+        if not self._is_cluster:
+            # Plain EVALSHAs: redis-py's pipelined script objects would first send
+            # SCRIPT EXISTS, a permission the consumer does not otherwise need.
+            extend = self.scripts.extend
+            for attempt in range(2):
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for stream, token in locks:
+                        pipe.execute_command(
+                            "EVALSHA", extend.sha, 1, self.keys.lock(stream), token, ttl_ms
+                        )
+                    replies = await pipe.execute(raise_on_error=False)
+                if attempt or not any(isinstance(r, rex.NoScriptError) for r in replies):
+                    break
+                await self.client.script_load(extend.script)  # a restarted server
+            for r in replies:
+                if isinstance(r, BaseException):
+                    raise translate(r, in_script=True) from r
+            return [int(r) == 1 for r in replies]
+        by_node: dict[str, list[int]] = {}
+        for i, (stream, _) in enumerate(locks):
+            node = self.client.get_node_from_key(self.keys.lock(stream))
+            by_node.setdefault(node.name, []).append(i)
+        out: list[bool | None] = [None] * len(locks)
+
+        async def extend_on_node(indexes: list[int]) -> None:
+            for i in indexes:
+                stream, token = locks[i]
+                try:
+                    r = await self.scripts.extend(
+                        keys=[self.keys.lock(stream)], args=[token, ttl_ms]
+                    )
+                except Exception:
+                    return  # this node is away: the rest of its locks stay unknown
+                out[i] = int(r) == 1
+
+        async with anyio.create_task_group() as tg:
+            for indexes in by_node.values():
+                tg.start_soon(extend_on_node, indexes)
+        if locks and all(r is None for r in out):
+            raise RedisUnavailable("no lock could be extended: no primary answered")
+        return out
+
+    @script
+    async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:
+        """Write lease deadlines (server time + ``ttl_ms``) of assignment ids.
+
+        ``new`` True adds leases of assignments still pending only (an owner stalled
+        before recording must not add one for an assignment finished meanwhile);
+        False only updates leases that still exist: a heartbeat racing a finish must
+        not bring a finished assignment's lease back.
+        """
+        if ids:
+            mode = "add" if new else "update"
+            await self.scripts.lease(
+                keys=[self.keys.leases, self.keys.assignments],
+                args=[mode, ttl_ms, self.keys.group, *ids],
+            )
+
+    @script
+    async def fenced_read(
+        self,
+        stream: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
+        *,
+        claim: bool = False,
+    ) -> ReadReply:
+        """Ack ``ack`` and read up to ``count`` entries, only if ``token`` holds the lock.
+
+        Pending entries of the stream (a previous owner's, or ours from a lost reply)
+        come before new ones. No entry passes through Lua: ``fence.lua`` checks the
+        token, acks and counts what is pending, and the XREADGROUP queued after it in
+        the same MULTI reads. When something was pending, that read is discarded (the
+        entries stay pending with us) and ``claim.lua`` claims the oldest pending ids,
+        whose data XRANGE fetches. So a stalled owner whose fence fails reads only
+        entries newer than anything its successor has read, and its successor claims
+        them, in order, before reading further.
+
+        Args:
+            claim: the previous read returned claimed entries (``ReadReply.claimed``):
+                claim first, and read new entries only once nothing is pending.
+        """
+        lock = self.keys.lock(stream)
+        group = self.keys.group
+        cancel = self.keys.cancel(stream)
+        if count == 0:
+            r = await self.scripts.fence(keys=[lock, stream, cancel], args=[token, group, *ack])
+            return ReadReply(int(r[0]) == 1, "0-0", [])
+        if claim:
+            claimed = await self._claim(lock, stream, token, consumer, count, ack)
+            if not claimed.owned or claimed.entries:
+                return claimed
+            ack = ()
+        for _ in range(3):
+            fenced, read = await self._fence_and_read(
+                lock, stream, cancel, token, consumer, count, ack
+            )
+            ack = ()
+            if int(fenced[0]) != 1:
+                return NOT_OWNED
+            # An empty reason is a cancel too (the default of cancel_stream): only a
+            # missing marker (nil, or false under RESP3) is not.
+            if len(fenced) > 3 and fenced[3] is not None and fenced[3] is not False:
+                # Cancelled: what this read delivered stays pending with us, and the
+                # cancellation's seal acks it unhandled.
+                return ReadReply(True, "0-0", [], cancelled=text(fenced[3]))
+            if int(fenced[2]) == 0:
+                if isinstance(read, BaseException):
+                    raise translate(read) from read
+                batch, largest = sized_entries(_stream_entries(read))
+                return ReadReply(True, "0-0" if batch else text(fenced[1]), batch, largest)
+            claimed = await self._claim(lock, stream, token, consumer, count, ())
+            if not claimed.owned or claimed.entries:
+                return claimed
+        # Pending entries that vanished between claim and fetch: the caller reads again.
+        return ReadReply(True, "0-0", [])
+
+    async def _fence_and_read(
+        self,
+        lock: str,
+        stream: str,
+        cancel: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
+    ) -> tuple[Any, Any]:
+        """MULTI, fence.lua, XREADGROUP, EXEC: ``(fence reply, read reply or error)``."""
+        fence = self.scripts.fence
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", fence.sha, 3, lock, stream, cancel, token, self.keys.group, *ack),
+            (
+                "XREADGROUP",
+                "GROUP",
+                self.keys.group,
+                consumer,
+                "COUNT",
+                count,
+                "STREAMS",
+                stream,
+                ">",
+            ),
+        ]
+        for attempt in range(2):
+            fenced, read = await self._transaction(stream, commands)
+            if not isinstance(fenced, rex.NoScriptError) or attempt:
+                break
+            # A restarted or promoted server has no scripts: load it and go again (the
+            # discarded read left its entries pending with us: the retry claims them).
+            await self.client.script_load(fence.script)
+        if isinstance(fenced, BaseException):
+            raise translate(fenced, in_script=True) from fenced
+        return fenced, read
+
+    async def _claim(
+        self, lock: str, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+    ) -> ReadReply:
+        r = await self.scripts.claim(
+            keys=[lock, stream], args=[token, self.keys.group, consumer, count, *ack]
+        )
+        if int(r[0]) != 1:
+            return NOT_OWNED
+        ids = [text(i) for i in r[1]]
+        if not ids:
+            return ReadReply(True, "0-0", [])
+        batch, largest = sized_entries(await self._fetch_claimed(stream, ids))
+        return ReadReply(True, "0-0", batch, largest, claimed=True)
+
+    async def _fetch_claimed(self, stream: str, ids: Sequence[str]) -> list[Any]:
+        """The entries of claimed ``ids`` (ascending, as XAUTOCLAIM gives them), in order;
+        one deleted since is left out.
+
+        One XRANGE over their span, whose entries acked in between are dropped; only ids
+        its COUNT cut off are fetched one by one. An owner's pending entries are mostly
+        one read's batch, so a successor claiming 40 of them sends one command, not 40.
+        """
+        wanted = set(ids)
+        limit = len(ids) + _CLAIM_SPAN_SLACK
+        span = await self.client.xrange(stream, ids[0], ids[-1], count=limit)
+        found = {text(item[0]): item for item in span if text(item[0]) in wanted}
+        rest: list[str] = []
+        if len(span) >= limit:  # cut off: what lies past its last entry, one by one
+            last = id_order(text(span[-1][0]))
+            rest = [i for i in ids if i not in found and id_order(i) > last]
+        if rest:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for entry_id in rest:
+                    pipe.xrange(stream, entry_id, entry_id, count=1)
+                for reply in await pipe.execute():
+                    if reply:
+                        found[text(reply[0][0])] = reply[0]
+        return [found[i] for i in ids if i in found]
+
+    @blocking
+    async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None:
+        """Block until ``stream`` has an entry newer than ``after_id`` or ``block_ms`` pass.
+
+        A plain XREAD changes no consumer-group state, so a stalled owner that wakes up
+        here pulls nothing into its pending list.
+        """
+        await self.client.xread({stream: after_id}, count=1, block=block_ms)
+
+    @script
+    async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
+        """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms)."""
+        r = await self.scripts.release(
+            keys=[self.keys.lock(stream), stream], args=[token, self.keys.group, keep_ms, *ack]
+        )
+        return int(r) == 1
+
+    @script
+    async def seal(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
+        job: str = "",
+    ) -> bool:
+        """Fenced final acks and retention of a finishing stream; the lock stays held.
+
+        ``cancelled``: the job ended early: also ack every entry still pending in the
+        group, move the group to the stream's end and mark ``job`` ended
+        (docs/design.md#job-identity). The cancel marker goes either way.
+        """
+        r = await self.scripts.seal(
+            keys=[
+                self.keys.lock(stream), stream, self.keys.cancel(stream), self.keys.ended(stream),
+            ],
+            args=[
+                token, self.keys.group, keep_ms, "cancel" if cancelled else "", job,
+                ENDED_MARKER_TTL_MS, *ack,
+            ],
+        )  # fmt: skip
+        return int(r) == 1
