@@ -41,6 +41,7 @@ from ._recovery_loops import RecoveryLoops
 from ._redis import REDIS_FAILURES, Gateway, RawFields, StreamGateway, eviction_policies
 from ._session import new_incarnation, session_token
 from ._stats import ConsumerStatistics, Tally
+from ._stream_state import StreamState
 from ._waiter import Waiter
 from ._wire import parse_assignment
 from .config import ClusterMode, ConsumerConfig, Liveness, RecoveryConfig
@@ -115,7 +116,7 @@ class Runtime:
             metrics=self.metrics,
             name=name,
         )
-        self.owned: dict[str, OwnedStream] = {}
+        self.owned: dict[str, StreamState] = {}
         self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
         self.waiter = (
             Waiter(
@@ -176,7 +177,7 @@ class Runtime:
             }
         )
 
-    def adopt(self, stream: OwnedStream) -> None:
+    def adopt(self, stream: StreamState) -> None:
         previous = self.owned.get(stream.stream)
         if previous is not None and previous is not stream:
             # This consumer took the stream again (it stalled past its TTL and then
@@ -185,7 +186,7 @@ class Runtime:
         self.owned[stream.stream] = stream
         self.metrics.owned_streams(self.service, len(self.owned))
 
-    def disown(self, stream: OwnedStream) -> None:
+    def disown(self, stream: StreamState) -> None:
         if self.owned.get(stream.stream) is stream:
             del self.owned[stream.stream]
             self.metrics.owned_streams(self.service, len(self.owned))

@@ -52,8 +52,9 @@ from streamjobs import (
     Message,
     Producer,
     RecoveryConfig,
-    _ownership,
     _runtime,
+    _stream_end,
+    _stream_state,
 )
 from streamjobs._keys import Keys
 from streamjobs._redis import Gateway
@@ -643,7 +644,7 @@ def run(
     its bounds: shorter bounds (``monkeypatch``) keep each example short; the bounds are
     not what is under test.
     """
-    for module in (_ownership, _runtime):
+    for module in (_stream_state, _stream_end, _runtime):
         monkeypatch.setattr(module, "CLEANUP_TIMEOUT_S", 0.3)
     model.TestCase.settings = settings(
         max_examples=examples,

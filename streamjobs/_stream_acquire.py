@@ -1,0 +1,145 @@
+"""Taking a stream: its lock (from a dead session's holder too), the checks that the
+assignment is still ours, the lease."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+import anyio.to_thread
+
+from ._backoff import Backoff
+from ._guard import log_failure
+from ._redis import ACQUIRED_ENDED, NOT_ACQUIRED
+from ._session import parse_session_token
+from ._stream_state import (
+    PERMANENT,
+    StreamState,
+    log,
+)
+from .metrics import StreamEvent
+
+
+class StreamAcquisition(StreamState):
+    """Acquiring an assignment's stream."""
+
+    async def _acquire(self) -> bool:
+        """Take the lock; False (to hand the assignment back) if someone holds it.
+
+        A lock that names a dead session (``Liveness.SESSION``, whichever liveness this
+        consumer uses) is replaced: the session never comes back, so its owner can
+        neither renew it nor pass a fenced call again.
+        """
+        host, cfg = self.host, self.host.config
+        if not await self._still_assigned():
+            return False
+        backoff = Backoff(base_s=0.05, cap_s=cfg.heartbeat_s)
+        give_up_at = time.monotonic() + cfg.heartbeat_s
+        replace = ""
+        while not host.draining:
+            sent = time.monotonic()
+            try:
+                taken = await host.gateway.acquire(
+                    self.stream, self.token, host.lock_ttl_ms, replace, self.assignment.first_id
+                )
+                if taken != NOT_ACQUIRED:
+                    self.acquired = True
+                    # The job ended early and its owner died before completing it.
+                    self.job_ended = taken == ACQUIRED_ENDED
+                    self.lock_extended_at = sent
+                    session_at = host.session_confirmed_at
+                    self.renew(sent if session_at is None else min(sent, session_at))
+                    host.adopt(self)
+                    host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
+                    if log.isEnabledFor(logging.DEBUG):
+                        self.log.debug("acquired stream %r", self.stream)
+                    await self._record_lease()
+                    await self._report_recovery()
+                    return True
+                replace = await self._dead_holder()
+                if replace and time.monotonic() < give_up_at:
+                    continue
+            except PERMANENT as exc:
+                self.unusable = exc
+                return False
+            except Exception as exc:
+                self.acquire_error = f"{type(exc).__name__}: {exc}"
+                host.metrics.loop_error(host.service, "acquire")
+                log_failure(self.log, f"stream {self.stream!r}: acquire", exc, 0.0)
+            if time.monotonic() >= give_up_at:
+                host.metrics.stream_event(host.service, StreamEvent.CONTENDED)
+                self.contended = True
+                return False
+            # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
+            await anyio.sleep(backoff.next_delay())
+        return False
+
+    async def _dead_holder(self) -> str:
+        """The token holding the lock if it names a dead session, else ''."""
+        _, dead = await self.host.gateway.lock_state(self.stream)
+        parsed = None if dead is None else parse_session_token(dead)
+        if dead is None or parsed is None:
+            return ""
+        self.log.info(
+            "stream %r: its lock names the dead session of %r: taking it over",
+            self.stream,
+            parsed.consumer,
+        )
+        return dead
+
+    async def _report_recovery(self) -> None:
+        """A recovered assignment (it carries ``_lost_at``): report how long the stream
+        went without an owner, on the server's clock."""
+        lost_at_ms = self.assignment.lost_at_ms
+        if lost_at_ms is None:
+            return
+        host = self.host
+        try:
+            now_ms = await host.gateway.server_time_ms()
+        except Exception:
+            return  # only a metric is lost
+        seconds = max(0, now_ms - lost_at_ms) / 1000
+        host.metrics.recovery_latency(host.service, seconds)
+        self.log.info(
+            "resumed stream %r %.2fs after its previous owner was lost (retry %d)",
+            self.stream,
+            seconds,
+            self.assignment.retry_count,
+        )
+
+    async def _still_assigned(self) -> bool:
+        """False if the assignment is no longer pending with this consumer.
+
+        A consumer stalled between reading an assignment and taking its lock (a GC
+        pause, a frozen VM) may find that recovery re-queued it meanwhile, and that
+        another consumer ran the copy: taking the lock now would run a finished job
+        again. If Redis cannot say, the job goes on: a stream whose end was already
+        handled is recognised after the first read (see ``_process``).
+        """
+        host = self.host
+        try:
+            owner = await host.gateway.pending_owner(self.assignment.id)
+        except Exception as exc:
+            log_failure(self.log, f"stream {self.stream!r}: checking its assignment", exc, 0.0)
+            return True
+        if owner == host.name:
+            return True
+        self.log.warning(
+            "assignment %s of stream %r was re-queued or finished while this consumer "
+            "was stalled: dropping it",
+            self.assignment.id,
+            self.stream,
+        )
+        self.stale = True
+        return False
+
+    async def _record_lease(self) -> None:
+        host = self.host
+        try:
+            await host.gateway.record_leases([self.assignment.id], host.lock_ttl_ms, new=True)
+        except Exception as exc:
+            # Without a lease record a crash is still found, by the XPENDING scan after
+            # min_idle_s instead of the lease sweep.
+            host.metrics.loop_error(host.service, "acquire")
+            log_failure(self.log, f"stream {self.stream!r}: recording its lease", exc, 0.0)
