@@ -21,179 +21,36 @@ unlocked) in a shielded, bounded step.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-import os
-import secrets
-import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
 
-from ._guard import LoopGuard, log_failure
-from ._ownership import CLEANUP_TIMEOUT_S, Hooks, OwnedStream, entry_caller
-from ._recovery import Recoverer
-from ._recovery_loops import RecoveryLoops
-from ._redis import REDIS_FAILURES, Gateway, RawFields, StreamGateway, eviction_policies
-from ._session import new_incarnation, session_token
-from ._stats import ConsumerStatistics, Tally
-from ._stream_state import StreamState
-from ._waiter import Waiter
-from ._wire import parse_assignment
-from .config import ClusterMode, ConsumerConfig, Liveness, RecoveryConfig
+from ._guard import LoopGuard
+from ._intake import RuntimeIntake
+from ._ownership import CLEANUP_TIMEOUT_S
+from ._redis import REDIS_FAILURES, Gateway, eviction_policies
+from ._runtime_state import (
+    HEALTHY_WITHIN_S,
+    PULSE_S,
+    READY_WITHIN_S,
+    log,
+)
+from ._stats import ConsumerStatistics
+from .config import ClusterMode
 from .exceptions import (
     ConfigurationError,
-    InvalidAssignment,
-    NoSuchGroup,
     PermissionDenied,
     RedisUnavailable,
     StreamJobsError,
 )
-from .metrics import MetricsRecorder, NullRecorder, RequeueOutcome, complete
-
-log = logging.getLogger(__name__)
-
-PULSE_S = 1.0
-"""How often the pulse loop turns, and how long Redis may be silent before a PING."""
-READY_WITHIN_S = 5.0
-"""Ready only if a command got a reply this recently."""
-HEALTHY_WITHIN_S = 10.0
-"""Healthy only if the pulse loop turned this recently (the event loop is not stuck)."""
+from .metrics import RequeueOutcome
 
 
-class Runtime:
-    """The running machinery of one consumer. Constructing it does no I/O.
-
-    Args:
-        hooks: the user's ``handle()`` and hooks.
-        gateway: the Redis commands (or a fake of them).
-        client: the Redis client, for keyspace subscriptions (unused in PROXY mode).
-        name: the consumer's name in the consumer groups.
-    """
-
-    def __init__(
-        self,
-        hooks: Hooks,
-        gateway: StreamGateway,
-        *,
-        client: Any,
-        name: str,
-        config: ConsumerConfig,
-        recovery: RecoveryConfig,
-        cluster_mode: ClusterMode,
-        metrics: MetricsRecorder,
-    ) -> None:
-        self.hooks = hooks
-        self.call_handle = entry_caller(hooks.handle)
-        self.gateway = gateway
-        self.client = client
-        self.config = config
-        self.tally = Tally(complete(metrics))
-        self.metrics: MetricsRecorder = self.tally
-        # Sampling the queue is for a recorder's gauges: not done for the default one.
-        self._sampled = type(metrics) is not NullRecorder
-        self.name = name
-        self.service = gateway.keys.service
-        self.cluster_mode = cluster_mode
-        self.recoverer = Recoverer(
-            gateway,
-            max_retries=recovery.max_retries,
-            metrics=self.metrics,
-            service=self.service,
-            consumer=name,
-        )
-        self.loops = RecoveryLoops(
-            client,
-            gateway,
-            self.recoverer,
-            recovery=recovery,
-            consumer=config,
-            cluster_mode=cluster_mode,
-            metrics=self.metrics,
-            name=name,
-        )
-        self.owned: dict[str, StreamState] = {}
-        self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
-        self.waiter = (
-            Waiter(
-                client,
-                gateway,
-                block_ms=config.read_block_ms,
-                metrics=self.metrics,
-                service=self.service,
-                streams=config.max_concurrent_streams,
-            )
-            if cluster_mode is ClusterMode.NONE and client is not None
-            else None
-        )
-        self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back
-        self._slot_freed = anyio.Event()
-        self._all_done = anyio.Event()
-        self._all_done.set()
-        self._stop = anyio.Event()
-        self._intake_done = anyio.Event()
-        self._stopped = anyio.Event()
-        self._ready = anyio.Event()
-        self._draining = False
-        self.running = False
-        self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
-        self.session_mode = config.liveness is Liveness.SESSION
-        self.session_confirmed_at: float | None = None
-        self._session_changed = anyio.Event()
-        self._new_incarnation()
-        self._group_missing = False  # intake's last read found no group
-        self._streams_tg: anyio.abc.TaskGroup | None = None
-        self._cm_tg: anyio.abc.TaskGroup | None = None
-
-    # -- what OwnedStream needs (the Host protocol) --------------------------------------
-
-    @property
-    def draining(self) -> bool:
-        return self._draining
-
-    @property
-    def lock_ttl_ms(self) -> int:
-        cfg = self.config
-        return cfg.session_lock_ttl_ms if self.session_mode else cfg.lock_ttl_ms
-
-    def lock_token(self) -> str:
-        if self.session_mode:
-            return session_token(self._incarnation, self.name, self.service)
-        return f"{self.name}:{secrets.token_hex(8)}"
-
-    def _new_incarnation(self) -> None:
-        """A new session identity: at start, and after a session was found dead."""
-        self._incarnation = new_incarnation()
-        self._session_value = json.dumps(
-            {
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": time.time(),
-                "incarnation": self._incarnation,
-            }
-        )
-
-    def adopt(self, stream: StreamState) -> None:
-        previous = self.owned.get(stream.stream)
-        if previous is not None and previous is not stream:
-            # This consumer took the stream again (it stalled past its TTL and then
-            # read its own re-queued assignment): the new lock proves the old one gone.
-            previous.mark_lost()
-        self.owned[stream.stream] = stream
-        self.metrics.owned_streams(self.service, len(self.owned))
-
-    def disown(self, stream: StreamState) -> None:
-        if self.owned.get(stream.stream) is stream:
-            del self.owned[stream.stream]
-            self.metrics.owned_streams(self.service, len(self.owned))
-
-    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        assert self._streams_tg is not None
-        self._streams_tg.start_soon(fn)
+class Runtime(RuntimeIntake):
+    """One running consumer: its public operations, start-up, the task group, and the
+    two-phase shutdown (its state, liveness and intake are its bases)."""
 
     # -- public operations (StreamConsumer delegates here) -------------------------------
 
@@ -409,109 +266,6 @@ class Runtime:
         with anyio.move_on_after(CLEANUP_TIMEOUT_S * 3):
             await self._all_done.wait()
 
-    def _wake_intake(self) -> None:
-        self._slot_freed.set()
-        self._slot_freed = anyio.Event()
-
-    async def _stream_task(self, stream: OwnedStream) -> None:
-        try:
-            await stream.run()
-        except Exception:
-            # A bug, not a Redis failure (those are handled inside): the stream already
-            # settled (handed back or left to recovery); the consumer carries on.
-            self.metrics.loop_error(self.service, "stream")
-            log.exception(
-                "stream %r: unexpected error; it was given up",
-                stream.stream,
-                extra=stream.log_extra(),
-            )
-        finally:
-            self._streams.discard(stream)
-            self._wake_intake()
-            if not self._streams:
-                self._all_done.set()
-
-    def _start_stream(self, stream: OwnedStream) -> None:
-        assert self._streams_tg is not None
-        if self._all_done.is_set():
-            self._all_done = anyio.Event()
-        self._streams.add(stream)
-        self._streams_tg.start_soon(self._stream_task, stream)
-
-    async def _intake_loop(self) -> None:
-        guard = LoopGuard("intake", self.service, self.metrics, log)
-        try:
-            while not self._draining:
-                if self.session_mode and not self._session_live():
-                    await self._wait_for_session()
-                    continue
-                free = self.config.max_concurrent_streams - len(self._streams)
-                if free <= 0:
-                    await self._slot_freed.wait()
-                    continue
-                try:
-                    batch = await self._read_assignments(free)
-                except Exception as exc:
-                    if isinstance(exc, NoSuchGroup):  # the LBS or its group was deleted
-                        self._group_missing = True
-                        with contextlib.suppress(*REDIS_FAILURES):
-                            await self.gateway.ensure_group()
-                    await guard.failed(exc, "intake")
-                    continue
-                self._group_missing = False
-                guard.ok()
-                await self._take(batch)
-        finally:
-            self._intake_done.set()
-
-    async def _read_assignments(self, count: int) -> list[tuple[str, RawFields]]:
-        """XREADGROUP, shielded: once the server answered, the reply must be acted on.
-
-        A cancelled read whose reply was already sent would leave the delivered
-        assignments pending without a lock, costing a retry and ``min_idle_s``. The
-        read blocks at most ``read_block_ms``; the bound beyond it covers a dead socket.
-        """
-        block_ms = self.config.read_block_ms
-        with (
-            anyio.CancelScope(shield=True),
-            anyio.move_on_after(block_ms / 1000 + CLEANUP_TIMEOUT_S),
-        ):
-            return await self.gateway.read_assignments(self.name, count, block_ms)
-        return []
-
-    async def _take(self, batch: list[tuple[str, RawFields]]) -> None:
-        """Start a stream task per parsed assignment; dead-letter the unparseable ones.
-
-        Streams are started without an await in between, so even under cancellation
-        each assignment gets its task, whose clean-up hands it back.
-        """
-        bad: list[tuple[str, RawFields, InvalidAssignment]] = []
-        for entry_id, fields in batch:
-            try:
-                assignment = parse_assignment(entry_id, fields, self.gateway.keys)
-            except InvalidAssignment as exc:
-                bad.append((entry_id, fields, exc))
-                continue
-            self._start_stream(OwnedStream(self, assignment))
-        for entry_id, fields, why in bad:
-            await self._dead_letter_unparseable(entry_id, fields, why)
-
-    async def _dead_letter_unparseable(
-        self, entry_id: str, fields: RawFields, exc: InvalidAssignment
-    ) -> None:
-        log.warning(
-            "assignment %s is unparseable (%.600s): dead-lettering it",
-            entry_id,
-            exc,
-            extra={"service": self.service, "consumer": self.name, "assignment_id": entry_id},
-        )
-        try:
-            await self.recoverer.dead_letter_unparseable(entry_id, fields, exc, owner=self.name)
-        except Exception as failure:
-            # Still pending with no lock: the reconciliation scan dead-letters it later.
-            self.metrics.loop_error(self.service, "intake")
-            log_failure(log, f"dead-lettering assignment {entry_id}", failure, 0.0)
-
     async def _pulse_loop(self) -> None:
         """Proves the event loop turns (liveness) and that Redis answers (readiness):
         a PING when no other command got a reply for ``PULSE_S``."""
@@ -542,180 +296,6 @@ class Runtime:
                 continue
             guard.ok()
             await anyio.sleep(interval_s)
-
-    async def _touch_session(self) -> None:
-        """Renew this consumer's session key (one lock TTL): what tells operators, and
-        the pruning of consumer names, that it is alive; under ``Liveness.SESSION``
-        also what keeps its locks valid."""
-        if self.session_mode:
-            await self._renew_session()
-            return
-        try:
-            await self.gateway.touch_session(
-                self.name, self._session_value, self.config.lock_ttl_ms
-            )
-        except Exception as exc:
-            self.metrics.loop_error(self.service, "heartbeat")
-            log_failure(log, "renewing the consumer session", exc, 0.0)
-
-    async def _end_session(self) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
-            try:
-                if self.session_mode:
-                    if self.session_confirmed_at is not None:
-                        await self.gateway.session(
-                            "end",
-                            self.name,
-                            self._session_value,
-                            self.config.lock_ttl_ms,
-                            self._incarnation,
-                        )
-                    self.session_confirmed_at = None
-                else:
-                    await self.gateway.end_session(self.name)
-            except Exception as exc:
-                log_failure(log, "ending the consumer session", exc, 0.0)
-
-    def _session_live(self) -> bool:
-        at = self.session_confirmed_at
-        cfg = self.config
-        return at is not None and time.monotonic() < at + cfg.lock_ttl_s - cfg.margin_s
-
-    async def _renew_session(self) -> bool:
-        """Create or renew the session (``Liveness.SESSION``); True if it is live now.
-
-        A session found expired or replaced is never renewed: every stream it held is
-        lost (recovery may already have given its lock to someone else), and the next
-        call starts a new incarnation.
-        """
-        cfg = self.config
-        live = [o for o in self.owned.values() if not o.lost]
-        mode: Any = "create" if self.session_confirmed_at is None else "renew"
-        sent = time.monotonic()
-        try:
-            ok = await self.gateway.session(
-                mode, self.name, self._session_value, cfg.lock_ttl_ms, self._incarnation
-            )
-        except Exception as exc:
-            self.metrics.heartbeat(self.service, False)
-            log_failure(log, "renewing the consumer session", exc, 0.0)
-            for o in live:
-                o.heartbeat_failed()
-            return False
-        if not ok:
-            self.metrics.heartbeat(self.service, False)
-            log.warning(
-                "the session of consumer %r expired or was replaced (a stall past the "
-                "lock TTL?): its %d streams are lost; starting a new session",
-                self.name,
-                len(live),
-            )
-            self.session_confirmed_at = None
-            self._new_incarnation()
-            for o in live:
-                if not o.ending and self.owned.get(o.stream) is o:
-                    o.mark_lost()
-            return False
-        self.session_confirmed_at = sent
-        changed, self._session_changed = self._session_changed, anyio.Event()
-        changed.set()
-        self.metrics.heartbeat(self.service, True)
-        for o in live:
-            o.renew(sent)
-        return True
-
-    async def _wait_for_session(self) -> None:
-        """Intake under ``Liveness.SESSION`` takes nothing without a live session: a
-        lock naming a session that does not exist would be taken over at once."""
-        while self.session_mode and not self._session_live() and not self._draining:
-            with anyio.move_on_after(min(self.config.heartbeat_s, 1.0)):
-                await self._session_changed.wait()
-
-    async def _session_heartbeat_loop(self) -> None:
-        cfg = self.config
-        retry_s = min(cfg.heartbeat_s, 0.5)
-        delay = cfg.heartbeat_s
-        while True:
-            await anyio.sleep(delay)
-            if not await self._renew_session():
-                delay = retry_s
-                continue
-            delay = cfg.heartbeat_s
-            try:
-                await self._extend_due_locks()
-            except Exception as exc:
-                self.metrics.loop_error(self.service, "heartbeat")
-                log_failure(log, "extending locks", exc, 0.0)
-
-    async def _extend_due_locks(self) -> None:
-        """Under ``Liveness.SESSION``, extend the locks whose long TTL
-        (``session_lock_ttl_ms``) is a third gone: a few per heartbeat, not all."""
-        ttl_ms = self.lock_ttl_ms
-        now = time.monotonic()
-        due = [
-            o
-            for o in self.owned.values()
-            if not o.lost and o.acquired and now - o.lock_extended_at >= ttl_ms / 3000
-        ]
-        if not due:
-            return
-        results = await self.gateway.extend_many([(o.stream, o.token) for o in due], ttl_ms)
-        renewed = []
-        for o, extended in zip(due, results, strict=True):
-            if extended:
-                o.lock_extended_at = now
-                renewed.append(o.assignment.id)
-            elif extended is False and not o.ending and self.owned.get(o.stream) is o:
-                o.mark_lost()
-        await self.gateway.record_leases(renewed, ttl_ms, new=False)
-
-    async def _heartbeat_loop(self) -> None:
-        if self.session_mode:
-            await self._session_heartbeat_loop()
-            return
-        cfg = self.config
-        retry_s = min(cfg.heartbeat_s, 0.5)
-        delay = cfg.heartbeat_s
-        while True:
-            await anyio.sleep(delay)
-            await self._touch_session()
-            live = [o for o in self.owned.values() if not o.lost]
-            if not live:
-                delay = cfg.heartbeat_s
-                continue
-            sent = time.monotonic()
-            try:
-                results = await self.gateway.extend_many(
-                    [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
-                )
-            except Exception as exc:
-                # Tolerated up to the TTL: the local lease stops handing entries once it
-                # lapses, and an extend that succeeds later proves nobody took over.
-                self.metrics.heartbeat(self.service, False)
-                log_failure(log, "heartbeat", exc, retry_s)
-                delay = retry_s
-                for o in live:
-                    o.heartbeat_failed()
-                continue
-            partial = None in results
-            self.metrics.heartbeat(self.service, not partial)
-            delay = retry_s if partial else cfg.heartbeat_s
-            renewed = []
-            for o, extended in zip(live, results, strict=True):
-                if extended:
-                    o.renew(sent)
-                    renewed.append(o.assignment.id)
-                elif extended is None:
-                    o.heartbeat_failed()  # its node was away: try again soon
-                elif not o.ending and self.owned.get(o.stream) is o:
-                    # A stream that finished meanwhile released its own lock: that is
-                    # not a loss.
-                    o.mark_lost()
-            try:
-                await self.gateway.record_leases(renewed, cfg.lock_ttl_ms, new=False)
-            except Exception as exc:
-                self.metrics.loop_error(self.service, "heartbeat")
-                log_failure(log, "recording leases", exc, 0.0)
 
 
 def _wall(monotonic_at: float) -> float:

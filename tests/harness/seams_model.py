@@ -52,7 +52,9 @@ from streamjobs import (
     Message,
     Producer,
     RecoveryConfig,
+    _intake,
     _runtime,
+    _runtime_liveness,
     _stream_end,
     _stream_state,
 )
@@ -644,7 +646,7 @@ def run(
     its bounds: shorter bounds (``monkeypatch``) keep each example short; the bounds are
     not what is under test.
     """
-    for module in (_stream_state, _stream_end, _runtime):
+    for module in (_stream_state, _stream_end, _runtime, _runtime_liveness, _intake):
         monkeypatch.setattr(module, "CLEANUP_TIMEOUT_S", 0.3)
     model.TestCase.settings = settings(
         max_examples=examples,
