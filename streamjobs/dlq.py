@@ -57,6 +57,7 @@ from ._wire import (
     FIRST_ID_FIELD,
     JOB_FIELD,
     LOST_AT_FIELD,
+    REPLAY_END_FIELD,
     REPLAYED_FROM_FIELD,
     RETRY_FIELD,
     build_fields,
@@ -388,9 +389,10 @@ class DeadLetters:
         """Undo :meth:`_queue_run` for a batch given up: remove the run if it is still
         queued, else (an owner took it) end it with an end marker, so that it does not
         wait for entries that will not come."""
-        state, _, dropped = await self._gw.cancel_queued(stream)
-        if state == "delivered" and dropped == job:
-            await self._gw.append(stream, {EOS_FIELD: EOS_VALUE})
+        state, _, _ = await self._gw.cancel_queued(stream)
+        if state == "delivered" and await self._queued_job(stream) == _Queued(job, run=True):
+            # Its own end marker: a run ends at no other (docs/design.md#job-identity).
+            await self._gw.append(stream, {EOS_FIELD: EOS_VALUE, REPLAY_END_FIELD: "1"})
 
     async def _job_queued(self, stream: str) -> bool:
         """Whether the active-assignment index names an assignment of ``stream`` that
