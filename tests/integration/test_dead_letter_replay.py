@@ -678,3 +678,56 @@ async def test_a_run_hands_over_only_its_replayed_entries(
     run = await run_to_the_end(consumer_factory, stream, ["bad0"], None)
     assert run.ended == [stream]
     await assert_finished(redis, service, stream, None)
+
+
+async def test_a_replay_that_gives_up_ends_the_run_an_owner_already_took(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The replay queued a run for a finished job's dead entry and a consumer took it,
+    but the entry could not be placed before the replay gave up (here the script
+    answers busy throughout). The run is not left waiting for an entry that will not
+    come: the replay ends it with the run's own end marker, its owner finishes it
+    with nothing handed to ``handle()``, and the dead letter is kept."""
+    import streamjobs.dlq
+    from streamjobs._operator import EntryReplay
+
+    keys = Keys(service)
+    stream = f"gave-up:{uid}"
+    [dead_letter_id] = await finished_with_dead_letters(
+        redis, service, stream, 1, consumer_factory, None
+    )
+    letters = DeadLetters(redis, service=service)
+    attempts: list[str] = []
+
+    async def busy_once_the_run_is_owned(*_: Any, **__: Any) -> EntryReplay:
+        # The run's owner holds the lock before the replay gives up: cancel_queued
+        # then finds the run delivered, not queued.
+        async def owned() -> bool:
+            return bool(await redis.exists(keys.lock(stream)))
+
+        await eventually(owned)
+        attempts.append("busy")
+        return EntryReplay(state="busy", closed=False, owned=True, ids=[])
+
+    monkeypatch.setattr(letters._gw, "replay_entries", busy_once_the_run_is_owned)
+    monkeypatch.setattr(streamjobs.dlq, "BUSY_WAIT_S", 0.5)
+    consumer = consumer_factory(Recorder, config=retained(None))
+    async with consumer:
+        report = await letters.replay([dead_letter_id])
+
+        async def run_ended() -> bool:
+            return consumer.ended == [stream] and not await redis.exists(keys.lock(stream))
+
+        await eventually(run_ended)
+    assert attempts, "the placement was tried"
+    assert report.replayed == []
+    [(skipped, why)] = report.skipped
+    assert skipped == dead_letter_id
+    assert "ending" in why
+    assert consumer.handled == [], "the run had nothing of its own"
+    await assert_clean(redis, service, stream)
+    assert not await redis.hexists(keys.active, stream)
+    assert await letters.length() == 1, "kept, for a later replay"
+    [(_, last)] = await redis.xrevrange(stream, count=1)
+    assert last.get(b"_replay_end") == b"1", "ended at the run's own marker"
