@@ -133,7 +133,10 @@ class RuntimeLiveness(RuntimeState):
         due = [
             o
             for o in self.owned.values()
-            if not o.lost and o.acquired and now - o.lock_extended_at >= ttl_ms / 3000
+            if not o.lost
+            and o.acquired
+            and not o.lock_cut
+            and now - o.lock_extended_at >= ttl_ms / 3000
         ]
         if not due:
             return

@@ -155,6 +155,13 @@ class StreamEndings(StreamState):
         backoff = Backoff()
         while True:
             try:
+                if host.lock_ttl_ms > host.config.lock_ttl_ms and not self.lock_cut:
+                    # As the seal does: the assignment goes first, so a death before the
+                    # release must not leave a lock with the session's long TTL.
+                    await host.gateway.extend_many(
+                        [(self.stream, self.token)], host.config.lock_ttl_ms
+                    )
+                    self.lock_cut = True
                 await host.recoverer.dead_letter(
                     self.assignment.id,
                     reason,
@@ -225,7 +232,8 @@ class StreamEndings(StreamState):
 
         If the owner dies between 1 and 2, the assignment is recovered and its next
         owner finds the end marker handled and only completes it; between 2 and 3,
-        the lock expires by itself and the stream already has its retention.
+        the lock expires by itself (the seal cut it to ``lock_ttl_s``, in SESSION mode
+        too) and the stream already has its retention.
         ``finish`` answers False when the assignment is no longer pending: after an
         earlier attempt of ours whose reply was lost (``_completed`` tells), or after
         a recoverer re-queued it (the release's token check then refuses too).
@@ -251,9 +259,13 @@ class StreamEndings(StreamState):
                 cancelled=self.cancel_reason is not None
                 or (self.finish_requested and not self._eos),
                 job=self.assignment.first_id,
+                # Under SESSION the lock lives 10 minutes: cut to lock_ttl_s, an owner
+                # that dies between the finish and the release leaves it that long only.
+                lock_cap_ms=host.config.lock_ttl_ms,
             ):
                 return self._completed
             self._sealed = True
+            self.lock_cut = True
             self.to_ack, self._eos = [], []
         if await host.gateway.finish(self.assignment.id):
             self._completed = True

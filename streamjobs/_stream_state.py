@@ -125,6 +125,9 @@ class StreamState:
         self._eos: list[str] = []
         self._completed = False  # a finish call of ours deleted the assignment
         self._sealed = False  # the final acks and the retention are written
+        self.lock_cut = False
+        """The lock was cut to the short TTL (``lock_ttl_s``) because the assignment is
+        about to go: the session heartbeat must not lengthen it again."""
         self.unusable: Exception | None = None  # a permanent error about the data stream
         self.contended = False  # its lock stayed someone else's for a heartbeat interval
         self.acquire_error: str | None = None  # the last error of a failed acquire

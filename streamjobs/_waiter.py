@@ -33,6 +33,7 @@ import anyio.abc
 
 from ._guard import LoopGuard
 from ._redis import BlockingReader, StreamGateway
+from .exceptions import RedisCommandError
 from .metrics import MetricsRecorder
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,14 @@ class _Shard:
                 self._reading = self._generation
                 try:
                     ready = await reader.read(snapshot, self._block_ms)
+                except RedisCommandError:
+                    # The server refused the read (a key among them that is no stream
+                    # any more, WRONGTYPE, fails all of it): every stream reads by itself
+                    # once, so the one at fault meets the error where it ends its
+                    # assignment, instead of all waiting out their idle re-check.
+                    for waiting in list(self._waiting.values()):
+                        waiting.wake()
+                    raise
                 finally:
                     self._reading = None
                 self._last_read_ok = time.monotonic()

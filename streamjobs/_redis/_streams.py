@@ -282,12 +282,16 @@ class StreamCommands(CommandsBase):
         *,
         cancelled: bool = False,
         job: str = "",
+        lock_cap_ms: int = 0,
     ) -> bool:
         """Fenced final acks and retention of a finishing stream; the lock stays held.
 
         ``cancelled``: the job ended early: also ack every entry still pending in the
         group, move the group to the stream's end and mark ``job`` ended
         (docs/design.md#job-identity). The cancel marker goes either way.
+        ``lock_cap_ms`` > 0: the lock's TTL is cut to at most that, so an owner that
+        dies after completing the assignment leaves no long-lived lock
+        (docs/design.md#sessions).
         """
         r = await self.scripts.seal(
             keys=[
@@ -295,7 +299,7 @@ class StreamCommands(CommandsBase):
             ],
             args=[
                 token, self.keys.group, keep_ms, "cancel" if cancelled else "", job,
-                ENDED_MARKER_TTL_MS, *ack,
+                ENDED_MARKER_TTL_MS, lock_cap_ms, *ack,
             ],
         )  # fmt: skip
         return int(r) == 1

@@ -22,7 +22,11 @@
 -- skips it (docs/design.md#job-identity).
 -- ARGV[5]  the job (its first assignment id); '' writes no marker
 -- ARGV[6]  the ended-job marker's lifetime, milliseconds
--- ARGV[7..] entry ids to acknowledge
+-- ARGV[7]  the lock's TTL is cut to at most this many milliseconds (0: left alone).
+--          The assignment goes next, then the lock: an owner that dies between the
+--          two leaves a lock that expires within this, not the long session-mode TTL
+--          (docs/design.md#sessions).
+-- ARGV[8..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
@@ -39,8 +43,8 @@ if ARGV[4] == 'cancel' and redis.call('EXISTS', KEYS[2]) == 1 then
     end
   end
 end
-if #ARGV > 6 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 7))
+if #ARGV > 7 then
+  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 8))
 end
 if ARGV[4] == 'cancel' then
   while has_group do
@@ -63,6 +67,13 @@ if ARGV[5] ~= '' then
   redis.call('SET', KEYS[4], kind .. ARGV[5], 'PX', ARGV[6])
 end
 redis.call('DEL', KEYS[3])
+local cap = tonumber(ARGV[7])
+if cap > 0 then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl < 0 or ttl > cap then
+    redis.call('PEXPIRE', KEYS[1], cap)
+  end
+end
 local keep = tonumber(ARGV[3])
 if keep > 0 then
   redis.call('PEXPIRE', KEYS[2], keep)

@@ -933,10 +933,11 @@ class FakeGateway:
         *,
         cancelled: bool = False,
         job: str = "",
+        lock_cap_ms: int = 0,
     ) -> bool:
         """seal.lua: token check; XACK ``ack`` (everything pending if ``cancelled``, and
-        ``job`` marked ended); drop the cancel marker; PEXPIRE the stream if ``keep_ms``
-        > 0."""
+        ``job`` marked ended); drop the cancel marker; cut the lock's TTL to at most
+        ``lock_cap_ms`` (if > 0); PEXPIRE the stream if ``keep_ms`` > 0."""
         await self._enter("seal", stream, token, keep_ms, tuple(ack))
         lock = self._live_lock(self.keys.lock(stream))
         sealed = lock is not None and lock.token == token
@@ -951,6 +952,10 @@ class FakeGateway:
             if job:
                 self.ended[stream] = ("e" if cancelled else "n", job)
             self.cancels.pop(stream, None)
+            if lock_cap_ms > 0 and lock is not None:
+                cap = self.clock() + lock_cap_ms
+                if lock.expires_at_ms is None or lock.expires_at_ms > cap:
+                    lock.expires_at_ms = cap
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms
         await self._leave("seal")

@@ -200,6 +200,15 @@ class FakeWorld:
         fake = self.fake
         return not fake.lbs_entries and not fake.lbs_pending and not fake.locks
 
+    def describe(self) -> str:
+        """What is left, for a failure message."""
+        fake = self.fake
+        return (
+            f"assignments {fake.lbs_entries}, pending {fake.lbs_pending}, locks "
+            f"{fake.locks}, sessions {fake.sessions}, leases {fake.leases}, "
+            f"active {fake.active}"
+        )
+
     async def leftovers(self) -> list[str]:
         fake = self.fake
         out = []
@@ -431,7 +440,12 @@ class SeamsModel(RuleBasedStateMachine):
         deadline = time.monotonic() + QUIESCE_S
         while not self._call(check):
             if time.monotonic() > deadline:
-                raise AssertionError(f"not quiescent after {QUIESCE_S}s: {what}")
+                describe = getattr(self.world, "describe", None)
+                state = self._call_sync(describe) if describe is not None else ""
+                running = {c: not self._done(c) for c in CONSUMERS}
+                raise AssertionError(
+                    f"not quiescent after {QUIESCE_S}s: {what}; running {running}; {state}"
+                )
             self._settle(0.05)
 
     # -- rules -------------------------------------------------------------------------

@@ -307,6 +307,39 @@ async def test_a_stream_deleted_while_owned_and_idle_is_released_within_seconds(
     assert await redis.hget(keys.active, stream) is None
 
 
+async def test_a_stream_replaced_by_another_type_while_idle_stalls_no_other_stream(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """A key of another type where an idle owned stream was makes the shared wait's
+    XREAD fail (WRONGTYPE) for every stream in it. Each stream then reads by itself:
+    the one at fault is dead-lettered as unusable, the others keep getting entries.
+    Before, all of them slept until their safety re-read, 150 to 300 s later."""
+    bad, good = f"d:{uid}:bad", f"d:{uid}:good"
+    keys = Keys(service)
+    producer = Producer(redis, service=service)
+    for stream in (bad, good):
+        await producer.add_stream(stream)
+        await producer.append(stream, {"n": "0"})
+    c = consumer_factory(Recorder, config=ConsumerConfig(read_block_ms=500))
+    async with c:
+        await eventually(lambda: _true(len(c.handled) == 2))
+        await redis.delete(bad)
+        await redis.set(bad, "not a stream")
+        await producer.append(good, {"n": "1"})
+
+        async def both_moved_on() -> bool:
+            handled = [(s, n) for _, s, _, n in c.handled]
+            return (good, "1") in handled and await redis.xlen(keys.dead_letters) == 1
+
+        await eventually(both_moved_on, timeout_s=10)
+        [(_, letter)] = list(await redis.xrange(keys.dead_letters) or [])
+        assert letter[b"_dlq_reason"] == b"unusable_stream"
+        assert letter[b"stream"] == bad.encode()
+        await producer.append(good, {"n": "2"})
+        await eventually(lambda: _true(len(c.handled) == 4), timeout_s=5)
+    assert not await redis.exists(keys.lock(bad))
+
+
 # -- finish() and the next job of the same name (item 2) ---------------------------------
 
 
@@ -380,3 +413,60 @@ async def test_a_lease_recorded_after_the_assignment_finished_is_not_added(
     await gw.record_leases([done, live], 600_000, new=True)
     assert await redis.zscore(keys.leases, done) is None
     assert await redis.zscore(keys.leases, live) is not None
+
+
+# -- an owner that dies between completing its assignment and releasing its lock -----------
+
+
+class _CannotRelease(Gateway):
+    """Real Redis, but every ``release`` fails: as an owner killed after its assignment
+    went and before its lock did."""
+
+    async def release(self, *args: Any, **kwargs: Any) -> bool:
+        raise RedisUnavailable("injected: release failed")
+
+
+@pytest.mark.parametrize("path", ["finished", "dead_lettered"])
+async def test_a_lock_left_after_its_assignment_went_lives_only_the_short_ttl(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch, path: str,
+) -> None:  # fmt: skip
+    """Under SESSION a lock lives 10 minutes. An owner that completes (or dead-letters)
+    its assignment and never gets to release the lock must not leave one that long:
+    nothing points at it any more, so no recovery would remove it. Before the
+    assignment goes, the lock is cut to ``lock_ttl_s`` (docs/design.md#sessions)."""
+    import streamjobs.consumer
+
+    monkeypatch.setattr(streamjobs.consumer, "Gateway", _CannotRelease)
+    keys = Keys(service)
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    if path == "finished":
+        await producer.close_stream(stream)
+    c = consumer_factory(Recorder, config=SESSION, recovery=RecoveryConfig(interval_s=30))
+    assert SESSION.session_lock_ttl_ms >= 600_000
+
+    async def assignment_gone_lock_left() -> bool:
+        return await redis.xlen(keys.assignments) == 0 and bool(
+            await redis.exists(keys.lock(stream))
+        )
+
+    async with c:
+        if path == "dead_lettered":
+            await eventually(lambda: _true(len(c.handled) == 1))
+            # Unusable while owned: its next read fails for good, the assignment goes
+            # to the dead-letter stream.
+            await redis.delete(stream)
+            await redis.set(stream, "not a stream")
+        await eventually(assignment_gone_lock_left)
+        ttl = await redis.pttl(keys.lock(stream))
+        assert 0 < ttl <= 1000, f"the lock keeps {ttl} ms (lock_ttl_s is 1 s)"
+        assert await redis.xlen(keys.dead_letters) == (path == "dead_lettered")
+        assert [n for _, _, _, n in c.handled] == ["0"]
+
+    async def lock_gone() -> bool:
+        return not await redis.exists(keys.lock(stream))
+
+    await eventually(lock_gone, timeout_s=5)
