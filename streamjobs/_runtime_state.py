@@ -10,12 +10,13 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from ._coalesce import Coalescer
 from ._ownership import Hooks, OwnedStream, entry_caller
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
@@ -120,6 +121,7 @@ class RuntimeState:
         self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
         self._cm_tg: anyio.abc.TaskGroup | None = None
+        self._leases: Coalescer[str, bool] = Coalescer(self._take_leases)
 
     # -- what OwnedStream needs (the Host protocol) --------------------------------------
 
@@ -131,6 +133,12 @@ class RuntimeState:
     def lock_ttl_ms(self) -> int:
         cfg = self.config
         return cfg.session_lock_ttl_ms if self.session_mode else cfg.lock_ttl_ms
+
+    async def take_lease(self, assignment_id: str) -> bool:
+        return await self._leases(assignment_id)
+
+    async def _take_leases(self, ids: Sequence[str]) -> list[bool]:
+        return await self.gateway.take_leases(ids, self.name, self.lock_ttl_ms)
 
     def lock_token(self) -> str:
         if self.session_mode:

@@ -1,5 +1,5 @@
-"""Taking a stream: its lock (from a dead session's holder too), the checks that the
-assignment is still ours, the lease."""
+"""Taking a stream: the check that the assignment is still ours with its lease, then
+its lock (from a dead session's holder too)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ class StreamAcquisition(StreamState):
                     host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
                     if log.isEnabledFor(logging.DEBUG):
                         self.log.debug("acquired stream %r", self.stream)
-                    await self._record_lease()
                     await self._report_recovery()
                     return True
                 replace = await self._dead_holder()
@@ -109,21 +108,25 @@ class StreamAcquisition(StreamState):
         )
 
     async def _still_assigned(self) -> bool:
-        """False if the assignment is no longer pending with this consumer.
+        """False if the assignment is no longer pending with this consumer; if it is,
+        its lease is recorded (one call for all of an intake read's assignments).
 
         A consumer stalled between reading an assignment and taking its lock (a GC
         pause, a frozen VM) may find that recovery re-queued it meanwhile, and that
         another consumer ran the copy: taking the lock now would run a finished job
-        again. If Redis cannot say, the job goes on: a stream whose end was already
-        handled is recognised after the first read (see ``_process``).
+        again. If Redis cannot say, the job goes on without a lease record: a stream
+        whose end was already handled is recognised after the first read (see
+        ``_process``), and a crash is still found, by the XPENDING scan after
+        ``min_idle_s`` instead of the lease sweep.
         """
         host = self.host
         try:
-            owner = await host.gateway.pending_owner(self.assignment.id)
+            ours = await host.take_lease(self.assignment.id)
         except Exception as exc:
+            host.metrics.loop_error(host.service, "acquire")
             log_failure(self.log, f"stream {self.stream!r}: checking its assignment", exc, 0.0)
             return True
-        if owner == host.name:
+        if ours:
             return True
         self.log.warning(
             "assignment %s of stream %r was re-queued or finished while this consumer "
@@ -133,13 +136,3 @@ class StreamAcquisition(StreamState):
         )
         self.stale = True
         return False
-
-    async def _record_lease(self) -> None:
-        host = self.host
-        try:
-            await host.gateway.record_leases([self.assignment.id], host.lock_ttl_ms, new=True)
-        except Exception as exc:
-            # Without a lease record a crash is still found, by the XPENDING scan after
-            # min_idle_s instead of the lease sweep.
-            host.metrics.loop_error(host.service, "acquire")
-            log_failure(self.log, f"stream {self.stream!r}: recording its lease", exc, 0.0)

@@ -78,6 +78,10 @@ class Host(Protocol):
     def lock_token(self) -> str:
         """A fresh token for a stream's lock."""
 
+    async def take_lease(self, assignment_id: str) -> bool:
+        """Whether the assignment is still pending with this consumer; if it is, its
+        lease is recorded. The stream tasks of one intake read share one call."""
+
     @property
     def draining(self) -> bool:
         """Shutdown began: hand no more entries to ``handle()``."""

@@ -112,11 +112,23 @@ class StreamCommands(CommandsBase):
         not bring a finished assignment's lease back.
         """
         if ids:
-            mode = "add" if new else "update"
-            await self.scripts.lease(
-                keys=[self.keys.leases, self.keys.assignments],
-                args=[mode, ttl_ms, self.keys.group, *ids],
-            )
+            await self._lease("own" if new else "update", "", ids, ttl_ms)
+
+    @script
+    async def take_leases(self, ids: Sequence[str], consumer: str, ttl_ms: int) -> list[bool]:
+        """For each assignment id, whether it is still pending with ``consumer``; each one
+        that is gets its lease (server time + ``ttl_ms``). One round trip for all of an
+        intake read's assignments, before their locks are taken: the check that a
+        stalled consumer's assignment was not re-queued meanwhile, and the lease."""
+        if not ids:
+            return []
+        return [int(flag) == 1 for flag in (await self._lease("own", consumer, ids, ttl_ms))[1:]]
+
+    async def _lease(self, mode: str, consumer: str, ids: Sequence[str], ttl_ms: int) -> Any:
+        return await self.scripts.lease(
+            keys=[self.keys.leases, self.keys.assignments],
+            args=[mode, ttl_ms, self.keys.group, consumer, *ids],
+        )
 
     @script
     async def fenced_read(

@@ -81,6 +81,7 @@ METHODS = frozenset(
         "acquire",
         "extend_many",
         "record_leases",
+        "take_leases",
         "fenced_read",
         "load_scripts",
         "wait_for_entries",
@@ -836,6 +837,21 @@ class FakeGateway:
             if (new and i in self.lbs_pending) or (not new and i in self._leases):
                 self._leases[i] = deadline
         await self._leave("record_leases")
+
+    async def take_leases(self, ids: Sequence[str], consumer: str, ttl_ms: int) -> list[bool]:
+        """lease.lua 'own': a lease for each id still pending with ``consumer``, and
+        which those are."""
+        await self._enter("take_leases", tuple(ids), consumer, ttl_ms)
+        deadline = float(self.clock() + ttl_ms)
+        pending = self.lbs_pending
+        out = []
+        for i in ids:
+            ours = pending.get(i) == consumer
+            if ours:
+                self._leases[i] = deadline
+            out.append(ours)
+        await self._leave("take_leases")
+        return out
 
     async def fenced_read(
         self,

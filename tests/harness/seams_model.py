@@ -92,6 +92,7 @@ FAULTY = (
     "lock_holder",
     "fetch_assignment",
     "dead_letter_assignment",
+    "take_leases",
 )
 """Calls a failure is injected into (once each time the rule runs)."""
 QUIESCE_S = 20.0

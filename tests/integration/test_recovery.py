@@ -269,6 +269,60 @@ async def test_no_lease_outlives_its_assignment(
     assert (await redis.xpending(keys.assignments, service))["pending"] == 0
 
 
+async def test_taking_leases_says_which_assignments_are_still_ours(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """One lease.lua call for an intake read's assignments: a lease for each one still
+    pending with the consumer, and the answer; none for one re-queued to (or read by)
+    another consumer meanwhile, nor for one that is gone."""
+    keys = Keys(service)
+    gw = Gateway(redis, keys)
+    [mine] = await strand(redis, service, [f"d:{uid}:0"], "me")
+    [theirs] = await strand(redis, service, [f"d:{uid}:1"], "other")
+    assert await gw.take_leases([mine, theirs, "1-1"], "me", 5000) == [True, False, False]
+    leases: list[tuple[bytes, float]] = list(
+        await redis.zrange(keys.leases, 0, -1, withscores=True)
+    )
+    assert [m for m, _ in leases] == [mine.encode()]
+    now_ms = await gw.server_time_ms()
+    assert now_ms < leases[0][1] <= now_ms + 5000
+    assert await gw.take_leases([], "me", 5000) == []
+
+
+class _CountingLeases(Gateway):
+    batches: list[int] = []
+
+    async def take_leases(self, ids: Any, consumer: str, ttl_ms: int) -> list[bool]:
+        type(self).batches.append(len(ids))
+        return await super().take_leases(ids, consumer, ttl_ms)
+
+
+async def test_the_streams_of_one_intake_read_share_one_lease_call(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import streamjobs.consumer
+
+    monkeypatch.setattr(_CountingLeases, "batches", [])
+    monkeypatch.setattr(streamjobs.consumer, "Gateway", _CountingLeases)
+    streams = [f"d:{uid}:{i}" for i in range(30)]
+    producer = Producer(redis, service=service)
+    for s in streams:
+        await producer.add_stream(s)
+        await producer.append(s, {"n": "0"})
+        await producer.close_stream(s)
+    c = consumer_factory(Recorder, config=ConsumerConfig(max_concurrent_streams=50))
+    async with c:
+        await eventually(lambda: _done(sorted(c.ended) == sorted(streams)))
+    assert sum(_CountingLeases.batches) == 30, _CountingLeases.batches
+    assert len(_CountingLeases.batches) <= 3, f"one call per intake read: {_CountingLeases.batches}"
+    assert await redis.zcard(Keys(service).leases) == 0, "finishing removed each lease"
+
+
+async def _done(value: bool) -> bool:
+    return value
+
+
 async def test_the_sweep_wakes_at_a_lease_deadline_not_at_its_interval(
     redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
 ) -> None:
