@@ -37,6 +37,7 @@ NAMES = (
     "sweep",
     "prune_consumers",
     "seal",
+    "complete",
     "cancel",
     "signal_cancel",
     "skip_unread",
@@ -79,6 +80,7 @@ class Scripts:
         self.sweep = client.register_script(source("sweep"))
         self.prune_consumers = client.register_script(source("prune_consumers"))
         self.seal = client.register_script(source("seal"))
+        self.complete = client.register_script(source("complete"))
         self.cancel = client.register_script(source("cancel"))
         self.signal_cancel = client.register_script(source("signal_cancel"))
         self.skip_unread = client.register_script(source("skip_unread"))

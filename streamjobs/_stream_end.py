@@ -18,6 +18,7 @@ from ._stream_state import (
     Outcome,
     StreamState,
 )
+from .config import ClusterMode
 from .exceptions import (
     NoSuchGroup,
 )
@@ -246,18 +247,15 @@ class StreamEndings(StreamState):
         """
         host = self.host
         retention_ms = self._retention_ms()
+        if not self._sealed and host.cluster_mode is ClusterMode.NONE:
+            return await self._complete_at_once(retention_ms)
         if not self._sealed:
             if not await host.gateway.seal(
                 self.stream,
                 self.token,
                 retention_ms,
                 [*self.to_ack, *self._eos],
-                # A cancel, or a finish() that came before any end marker was read,
-                # skips what is left of this job (acked unhandled, the group moved to
-                # the stream's end): left in place it would be the first thing the
-                # next job of the same name reads (docs/design.md#finishing-and-hand-back).
-                cancelled=self.cancel_reason is not None
-                or (self.finish_requested and not self._eos),
+                cancelled=self._ends_early(),
                 job=self.assignment.first_id,
                 # Under SESSION the lock lives 10 minutes: cut to lock_ttl_s, an owner
                 # that dies between the finish and the release leaves it that long only.
@@ -274,6 +272,45 @@ class StreamEndings(StreamState):
             self.stream, self.token, 0 if retention_ms == 0 else -1
         )
         return self._completed or released
+
+    async def _complete_at_once(self, retention_ms: int) -> bool:
+        """:meth:`_complete` in one script where every key is on one server
+        (``complete.lua``): one round trip, and no crash window between the steps.
+
+        A retry after a call whose reply was lost may find the lock gone because that
+        call released it: the assignment no longer pending with us then says the job
+        was completed (by that call, or by whoever took the stream over and finished
+        it), not lost.
+        """
+        host = self.host
+        try:
+            sealed, finished = await host.gateway.complete(
+                self.stream,
+                self.token,
+                retention_ms,
+                self.assignment.id,
+                [*self.to_ack, *self._eos],
+                cancelled=self._ends_early(),
+                job=self.assignment.first_id,
+            )
+        except Exception:
+            self._reply_lost = True
+            raise
+        if not sealed:
+            if self._reply_lost and await host.gateway.pending_owner(self.assignment.id) == "":
+                self._completed = True
+            return self._completed
+        self._sealed = self.lock_cut = True
+        self.to_ack, self._eos = [], []
+        self._completed = self._completed or finished
+        return True
+
+    def _ends_early(self) -> bool:
+        """A cancel, or a finish() that came before any end marker was read: the seal
+        skips what is left of this job (acked unhandled, the group moved to the
+        stream's end). Left in place it would be the first thing the next job of the
+        same name reads (docs/design.md#finishing-and-hand-back)."""
+        return self.cancel_reason is not None or (self.finish_requested and not self._eos)
 
     def _retention_ms(self) -> int:
         """What completing does to a finished data stream: -1 keep, 0 delete, >0 PEXPIRE."""

@@ -21,7 +21,7 @@ from ._recovery import Recoverer
 from ._redis import StreamGateway
 from ._waiter import Waiter
 from ._wire import Assignment
-from .config import ConsumerConfig
+from .config import ClusterMode, ConsumerConfig
 from .exceptions import (
     ScriptError,
     WrongKeyType,
@@ -55,6 +55,8 @@ class Host(Protocol):
     gateway: StreamGateway
     recoverer: Recoverer
     config: ConsumerConfig
+    cluster_mode: ClusterMode
+    """``NONE``: every key is on one server, so a script may span slots."""
     metrics: MetricsRecorder
     hooks: Hooks
     call_handle: Callable[[Message], Awaitable[None]]
@@ -129,6 +131,7 @@ class StreamState:
         self._eos: list[str] = []
         self._completed = False  # a finish call of ours deleted the assignment
         self._sealed = False  # the final acks and the retention are written
+        self._reply_lost = False  # a completion call failed: it may have been done
         self.lock_cut = False
         """The lock was cut to the short TTL (``lock_ttl_s``) because the assignment is
         about to go: the session heartbeat must not lengthen it again."""

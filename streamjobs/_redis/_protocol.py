@@ -101,6 +101,17 @@ class StreamGateway(Protocol):
         job: str = "",
         lock_cap_ms: int = 0,
     ) -> bool: ...
+    async def complete(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        assignment_id: str,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
+        job: str = "",
+    ) -> tuple[bool, bool]: ...
     async def touch_session(self, consumer: str, value: str, ttl_ms: int) -> None: ...
     async def end_session(self, consumer: str) -> None: ...
     async def session(

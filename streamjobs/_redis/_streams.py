@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 from redis import exceptions as rex
 
+from .._wire import STREAM_FIELD
 from ..exceptions import (
     RedisUnavailable,
 )
@@ -277,6 +278,38 @@ class StreamCommands(CommandsBase):
         await self.client.xread({stream: after_id}, count=1, block=block_ms)
 
     @script
+    async def complete(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        assignment_id: str,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
+        job: str = "",
+    ) -> tuple[bool, bool]:
+        """:meth:`seal`, ``finish`` and :meth:`release` in one script, for a server that
+        holds every key (``ClusterMode.NONE``): ``(sealed, finished)``.
+
+        Not sealed: the token did not match, nothing was done (the lock is lost).
+        Sealed: the lock is released too; ``finished`` is False when the assignment
+        was no longer pending (a recoverer re-queued it).
+        """
+        keys = self.keys
+        r = await self.scripts.complete(
+            keys=[
+                keys.lock(stream), stream, keys.cancel(stream), keys.ended(stream),
+                keys.assignments, keys.leases, keys.active,
+            ],
+            args=[
+                token, keys.group, keep_ms, "cancel" if cancelled else "", job,
+                ENDED_MARKER_TTL_MS, keys.group, assignment_id, STREAM_FIELD, *ack,
+            ],
+        )  # fmt: skip
+        return int(r[0]) == 1, int(r[1]) == 1
+
+    @script
     async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
         """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms)."""
         r = await self.scripts.release(
@@ -301,7 +334,7 @@ class StreamCommands(CommandsBase):
         ``cancelled``: the job ended early: also ack every entry still pending in the
         group, move the group to the stream's end and mark ``job`` ended
         (docs/design.md#job-identity). The cancel marker goes either way.
-        ``lock_cap_ms`` > 0: the lock's TTL is cut to at most that, so an owner that
+        ``lock_cap_ms`` > 0: the lock's TTL is set to that, so an owner that
         dies after completing the assignment leaves no long-lived lock
         (docs/design.md#sessions).
         """

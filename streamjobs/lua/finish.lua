@@ -13,24 +13,6 @@
 -- The index entry of the stream goes only if it points at this assignment (another
 -- assignment of the same stream, written by other means, never moves it). An index
 -- that is not a hash is left alone (add.lua reports it). Every read comes first.
-local name = nil
-local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
-if #found > 0 then
-  local src = found[1][2]
-  for i = 1, #src, 2 do
-    if src[i] == ARGV[3] then
-      name = src[i + 1]
-    end
-  end
-end
-local indexed = name ~= nil and redis.call('TYPE', KEYS[3])['ok'] == 'hash' and
-  redis.call('HGET', KEYS[3], name) == ARGV[2]
-local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZREM', KEYS[2], ARGV[2])
-if acked == 1 then
-  redis.call('XDEL', KEYS[1], ARGV[2])
-  if indexed then
-    redis.call('HDEL', KEYS[3], name)
-  end
-end
-return acked
+--#include complete
+local name, indexed = finish_reads(KEYS[1], KEYS[3], ARGV[2], ARGV[3])
+return finish_writes(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], name, indexed)

@@ -6,17 +6,9 @@
 -- ARGV[3]  retention of the data stream, milliseconds: -1 keep as is, 0 delete, >0 PEXPIRE
 -- ARGV[4..] entry ids to acknowledge before releasing
 -- Returns 1 if released, 0 if the token did not match (nothing done).
+--#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if #ARGV > 3 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 4))
-end
-redis.call('DEL', KEYS[1])
-local keep = tonumber(ARGV[3])
-if keep == 0 then
-  redis.call('DEL', KEYS[2])
-elseif keep > 0 then
-  redis.call('PEXPIRE', KEYS[2], keep)
-end
+release_writes(KEYS[1], KEYS[2], ARGV[2], tonumber(ARGV[3]), {unpack(ARGV, 4)})
 return 1

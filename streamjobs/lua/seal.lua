@@ -22,60 +22,19 @@
 -- skips it (docs/design.md#job-identity).
 -- ARGV[5]  the job (its first assignment id); '' writes no marker
 -- ARGV[6]  the ended-job marker's lifetime, milliseconds
--- ARGV[7]  the lock's TTL is cut to at most this many milliseconds (0: left alone).
+-- ARGV[7]  the lock's TTL is set to this many milliseconds (0: left alone): the
+--          lock-mode TTL, which cuts a session-mode lock's long one.
 --          The assignment goes next, then the lock: an owner that dies between the
 --          two leaves a lock that expires within this, not the long session-mode TTL
 --          (docs/design.md#sessions).
 -- ARGV[8..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
+--#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
--- Whether the group exists is read before any write: XPENDING on a stream or a
--- group that is gone would fail, and a script is not rolled back.
-local has_group = false
-if ARGV[4] == 'cancel' and redis.call('EXISTS', KEYS[2]) == 1 then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
-    for i = 1, #g, 2 do
-      if g[i] == 'name' and g[i + 1] == ARGV[2] then
-        has_group = true
-      end
-    end
-  end
-end
-if #ARGV > 7 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 8))
-end
-if ARGV[4] == 'cancel' then
-  while has_group do
-    local page = redis.call('XPENDING', KEYS[2], ARGV[2], '-', '+', 1000)
-    if #page == 0 then
-      break
-    end
-    local ids = {}
-    for i = 1, #page do
-      ids[i] = page[i][1]
-    end
-    redis.call('XACK', KEYS[2], ARGV[2], unpack(ids))
-  end
-  if has_group then  -- what was never read is skipped: a later job starts after it
-    redis.call('XGROUP', 'SETID', KEYS[2], ARGV[2], '$')
-  end
-end
-if ARGV[5] ~= '' then
-  local kind = ARGV[4] == 'cancel' and 'e ' or 'n '
-  redis.call('SET', KEYS[4], kind .. ARGV[5], 'PX', ARGV[6])
-end
-redis.call('DEL', KEYS[3])
-local cap = tonumber(ARGV[7])
-if cap > 0 then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 or ttl > cap then
-    redis.call('PEXPIRE', KEYS[1], cap)
-  end
-end
-local keep = tonumber(ARGV[3])
-if keep > 0 then
-  redis.call('PEXPIRE', KEYS[2], keep)
-end
+local cancel = ARGV[4] == 'cancel'
+local has_group = seal_reads(KEYS[2], ARGV[2], cancel)
+seal_writes(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], tonumber(ARGV[3]), cancel,
+  has_group, ARGV[5], ARGV[6], tonumber(ARGV[7]), {unpack(ARGV, 8)})
 return 1

@@ -82,6 +82,7 @@ METHODS = frozenset(
         "extend_many",
         "record_leases",
         "take_leases",
+        "complete",
         "fenced_read",
         "load_scripts",
         "wait_for_entries",
@@ -688,6 +689,11 @@ class FakeGateway:
         """finish.lua: XACK; ZREM the lease; XDEL and drop the index entry pointing at it
         if the XACK acked."""
         await self._enter("finish", assignment_id)
+        acked = self._finish(assignment_id)
+        await self._leave("finish")
+        return acked
+
+    def _finish(self, assignment_id: str) -> bool:
         name = self._indexed_name(assignment_id)
         acked = self._xack_lbs(assignment_id)
         self._leases.pop(assignment_id, None)
@@ -695,7 +701,6 @@ class FakeGateway:
             self._lbs.entries.pop(assignment_id, None)
             if name is not None:
                 del self._active[name]
-        await self._leave("finish")
         return acked
 
     async def requeue(
@@ -924,6 +929,11 @@ class FakeGateway:
     async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
         """release.lua: token check; XACK ``ack``; DEL the lock; retention of the stream."""
         await self._enter("release", stream, token, keep_ms, tuple(ack))
+        released = self._release(stream, token, keep_ms, ack)
+        await self._leave("release")
+        return released
+
+    def _release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str]) -> bool:
         key = self.keys.lock(stream)
         lock = self._live_lock(key)
         released = lock is not None and lock.token == token
@@ -937,7 +947,6 @@ class FakeGateway:
                 self._data.pop(stream, None)
             elif keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms
-        await self._leave("release")
         return released
 
     async def seal(
@@ -952,9 +961,45 @@ class FakeGateway:
         lock_cap_ms: int = 0,
     ) -> bool:
         """seal.lua: token check; XACK ``ack`` (everything pending if ``cancelled``, and
-        ``job`` marked ended); drop the cancel marker; cut the lock's TTL to at most
+        ``job`` marked ended); drop the cancel marker; set the lock's TTL to
         ``lock_cap_ms`` (if > 0); PEXPIRE the stream if ``keep_ms`` > 0."""
         await self._enter("seal", stream, token, keep_ms, tuple(ack))
+        sealed = self._seal(stream, token, keep_ms, ack, cancelled, job, lock_cap_ms)
+        await self._leave("seal")
+        return sealed
+
+    async def complete(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        assignment_id: str,
+        ack: Sequence[str] = (),
+        *,
+        cancelled: bool = False,
+        job: str = "",
+    ) -> tuple[bool, bool]:
+        """complete.lua: seal, finish and release at once (nothing if the token does
+        not match)."""
+        await self._enter("complete", stream, token, keep_ms, assignment_id, tuple(ack))
+        finished = False
+        sealed = self._seal(stream, token, keep_ms, ack, cancelled, job, 0)
+        if sealed:
+            finished = self._finish(assignment_id)
+            self._release(stream, token, 0 if keep_ms == 0 else -1, ())
+        await self._leave("complete")
+        return sealed, finished
+
+    def _seal(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str],
+        cancelled: bool,
+        job: str,
+        lock_cap_ms: int,
+    ) -> bool:
         lock = self._live_lock(self.keys.lock(stream))
         sealed = lock is not None and lock.token == token
         if sealed:
@@ -969,12 +1014,9 @@ class FakeGateway:
                 self.ended[stream] = ("e" if cancelled else "n", job)
             self.cancels.pop(stream, None)
             if lock_cap_ms > 0 and lock is not None:
-                cap = self.clock() + lock_cap_ms
-                if lock.expires_at_ms is None or lock.expires_at_ms > cap:
-                    lock.expires_at_ms = cap
+                lock.expires_at_ms = self.clock() + lock_cap_ms
             if keep_ms > 0 and s is not None:
                 s.expires_at_ms = self.clock() + keep_ms
-        await self._leave("seal")
         return sealed
 
     async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]:

@@ -93,6 +93,7 @@ FAULTY = (
     "fetch_assignment",
     "dead_letter_assignment",
     "take_leases",
+    "complete",
 )
 """Calls a failure is injected into (once each time the rule runs)."""
 QUIESCE_S = 20.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -418,6 +418,12 @@ async def test_a_lease_recorded_after_the_assignment_finished_is_not_added(
 # -- an owner that dies between completing its assignment and releasing its lock -----------
 
 
+def _three_steps(redis: Any) -> ClusterMode:
+    """The cluster mode in which a stream is completed in three calls (seal, finish,
+    release): a cluster's own, else PROXY (every mode but NONE)."""
+    return ClusterMode.OSS if hasattr(redis, "get_node_from_key") else ClusterMode.PROXY
+
+
 class _CannotRelease(Gateway):
     """Real Redis, but every ``release`` fails: as an owner killed after its assignment
     went and before its lock did."""
@@ -445,7 +451,10 @@ async def test_a_lock_left_after_its_assignment_went_lives_only_the_short_ttl(
     await producer.append(stream, {"n": "0"})
     if path == "finished":
         await producer.close_stream(stream)
-    c = consumer_factory(Recorder, config=SESSION, recovery=RecoveryConfig(interval_s=30))
+    # On one server (ClusterMode.NONE) a finish is one script with no window between
+    # its steps; PROXY mode takes the three steps a cluster takes.
+    mode = {} if path == "dead_lettered" else {"cluster_mode": _three_steps(redis)}
+    c = consumer_factory(Recorder, config=SESSION, recovery=RecoveryConfig(interval_s=30), **mode)
     assert SESSION.session_lock_ttl_ms >= 600_000
 
     async def assignment_gone_lock_left() -> bool:
@@ -470,3 +479,56 @@ async def test_a_lock_left_after_its_assignment_went_lives_only_the_short_ttl(
         return not await redis.exists(keys.lock(stream))
 
     await eventually(lock_gone, timeout_s=5)
+
+
+_T = TypeVar("_T")
+
+
+class _LastReplyLost(Gateway):
+    """Real Redis, but the reply to the call that releases a finished stream's lock
+    (``complete`` on one server, ``release`` after seal and finish on a cluster) is
+    lost once: the call was carried out, the caller sees a dropped connection."""
+
+    lost = 0
+
+    async def complete(self, *args: Any, **kwargs: Any) -> tuple[bool, bool]:
+        done = await super().complete(*args, **kwargs)
+        return self._lose(done)
+
+    async def release(self, *args: Any, **kwargs: Any) -> bool:
+        done = await super().release(*args, **kwargs)
+        return self._lose(done)
+
+    def _lose(self, done: _T) -> _T:
+        if not type(self).lost:
+            type(self).lost += 1
+            raise RedisUnavailable("injected: connection lost after the call")
+        return done
+
+
+async def test_a_lost_reply_to_the_final_release_still_finishes_the_stream(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The retry finds the lock gone because the lost call released it: the stream is
+    finished (``on_stream_end``), not lost, and nothing is left behind."""
+    import streamjobs.consumer
+
+    monkeypatch.setattr(_LastReplyLost, "lost", 0)
+    monkeypatch.setattr(streamjobs.consumer, "Gateway", _LastReplyLost)
+    keys = Keys(service)
+    stream = f"d:{uid}"
+    producer = Producer(redis, service=service)
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "0"})
+    await producer.close_stream(stream)
+    c = consumer_factory(Recorder, config=SESSION)
+    async with c:
+        await eventually(lambda: _true(c.ended == [stream]))
+    assert _LastReplyLost.lost == 1, "the fault was not met"
+    assert c.lost == []
+    assert [n for _, _, _, n in c.handled] == ["0"]
+    assert await redis.xlen(keys.assignments) == 0
+    assert not await redis.exists(keys.lock(stream))
+    assert await redis.zcard(keys.leases) == 0
+    assert c.statistics().stream_events.get(StreamEvent.FINISHED.value) == 1

@@ -1,0 +1,102 @@
+-- _complete.lua: the three steps of completing a stream (--#include complete), each a
+-- function so that seal.lua, finish.lua and release.lua run one each (a cluster: the
+-- data stream's slot, the service's slot, the data stream's slot), and complete.lua
+-- runs all three at once where every key lives on one server.
+
+-- The ended-job marker kind and the group state of a stream's seal are read first:
+-- XINFO on a stream that is gone would fail, and a script is not rolled back.
+local function seal_reads(stream, group, cancel)
+  local has_group = false
+  if cancel and redis.call('EXISTS', stream) == 1 then
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      for i = 1, #g, 2 do
+        if g[i] == 'name' and g[i + 1] == group then
+          has_group = true
+        end
+      end
+    end
+  end
+  return has_group
+end
+
+-- Acks, the skip after a cancel, the ended-job marker, the cancel marker's removal,
+-- the lock's TTL cut and the retention (seal.lua's header says what each is for).
+local function seal_writes(lock, stream, cancel_key, ended, group, keep, cancel,
+                           has_group, job, ended_ttl, lock_cap, acks)
+  if #acks > 0 then
+    redis.call('XACK', stream, group, unpack(acks))
+  end
+  if cancel then
+    while has_group do
+      local page = redis.call('XPENDING', stream, group, '-', '+', 1000)
+      if #page == 0 then
+        break
+      end
+      local ids = {}
+      for i = 1, #page do
+        ids[i] = page[i][1]
+      end
+      redis.call('XACK', stream, group, unpack(ids))
+    end
+    if has_group then  -- what was never read is skipped: a later job starts after it
+      redis.call('XGROUP', 'SETID', stream, group, '$')
+    end
+  end
+  if job ~= '' then
+    local kind = cancel and 'e ' or 'n '
+    redis.call('SET', ended, kind .. job, 'PX', ended_ttl)
+  end
+  redis.call('DEL', cancel_key)
+  if lock_cap > 0 then  -- (no PTTL first: the consumer's ACL has no +pttl, and a
+    -- lock-mode lock lives lock_ttl_s anyway)
+    redis.call('PEXPIRE', lock, lock_cap)
+  end
+  if keep > 0 then
+    redis.call('PEXPIRE', stream, keep)
+  end
+end
+
+-- finish.lua's reads: the assignment's stream name, and whether the active-assignment
+-- index points at this assignment (an index that is not a hash is left alone).
+local function finish_reads(lbs, active, id, field)
+  local name = nil
+  local found = redis.call('XRANGE', lbs, id, id)
+  if #found > 0 then
+    local src = found[1][2]
+    for i = 1, #src, 2 do
+      if src[i] == field then
+        name = src[i + 1]
+      end
+    end
+  end
+  local indexed = name ~= nil and redis.call('TYPE', active)['ok'] == 'hash' and
+    redis.call('HGET', active, name) == id
+  return name, indexed
+end
+
+-- Ack and delete the assignment, forget its lease and its index entry; 1 if this call
+-- completed it, 0 if it was no longer pending.
+local function finish_writes(lbs, leases, active, group, id, name, indexed)
+  local acked = redis.call('XACK', lbs, group, id)
+  redis.call('ZREM', leases, id)
+  if acked == 1 then
+    redis.call('XDEL', lbs, id)
+    if indexed then
+      redis.call('HDEL', active, name)
+    end
+  end
+  return acked
+end
+
+-- Unlock (the token was checked by the caller) and apply "delete at once".
+local function release_writes(lock, stream, group, keep, acks)
+  if #acks > 0 then
+    redis.call('XACK', stream, group, unpack(acks))
+  end
+  redis.call('DEL', lock)
+  if keep == 0 then
+    redis.call('DEL', stream)
+  elseif keep > 0 then
+    redis.call('PEXPIRE', stream, keep)
+  end
+end
