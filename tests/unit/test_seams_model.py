@@ -28,11 +28,13 @@ The bounded run here is part of every test run. The long run:
     STREAMJOBS_MODEL_EXAMPLES=200 STREAMJOBS_MODEL_STEPS=30 \
         .venv/bin/python -m pytest tests/unit/test_seams_model.py -q -p no:logging
 
-(no per-test timeout then; about 10 minutes per liveness mode on 2 cores). Since job
-identity (docs/design.md#job-identity) it finds nothing: 100 examples of 25 steps per
-mode passed; the defects its earlier long runs found (an entry of a job handed to a
-later job of the same name; a SESSION run not quiescent after cancels of closed and
-queued jobs) are fixed.
+(no per-test timeout then; about 5 minutes per liveness mode on 2 cores). On the code
+of 2026-11-26 it finds nothing: 200 examples of 30 steps per mode passed, on a machine
+busy with CI and two soaks. The defects its earlier long runs found are fixed: an entry
+of a job handed to a later job of the same name; a SESSION run not quiescent after
+cancels of closed and queued jobs; a lock of a dead session left for 10 minutes by an
+owner killed between completing its assignment and releasing the lock (the seal now
+cuts the lock to ``lock_ttl_s``).
 
 A smaller run of the same machine goes against real Redis and the real scripts, DLQ
 replays included (tests/integration/test_seams_model_redis.py, part of every run). Not
