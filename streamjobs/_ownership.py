@@ -145,6 +145,11 @@ class OwnedStream(StreamAcquisition, StreamEndings):
             if not begun:
                 if not batch and await self._already_finished(top):
                     return await self._complete_silently()
+                if time.monotonic() >= self.check_at and not await self._lease_valid():
+                    # The reply was acted on late (a pause after the read): the stream
+                    # may be someone else's now. What it delivered stays pending with
+                    # us, and the next read claims it, if the stream is still ours.
+                    continue
                 begun = True
                 try:
                     await host.hooks.on_stream_start(stream, self.assignment.info)

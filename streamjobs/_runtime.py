@@ -27,7 +27,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 
-from ._guard import LoopGuard
+from ._backoff import Backoff
+from ._guard import LoopGuard, log_failure
 from ._intake import RuntimeIntake
 from ._ownership import CLEANUP_TIMEOUT_S
 from ._redis import REDIS_FAILURES, Gateway, eviction_policies
@@ -46,6 +47,9 @@ from .exceptions import (
     StreamJobsError,
 )
 from .metrics import RequeueOutcome
+
+START_UP_RETRY_S = 15.0
+"""How long start-up is tried again while Redis is unavailable before ``run()`` raises."""
 
 
 class Runtime(RuntimeIntake):
@@ -161,7 +165,7 @@ class Runtime(RuntimeIntake):
         try:
             if isinstance(self.gateway, Gateway):
                 self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
-            await self._start_up()
+            await self._start_up_through_blips()
             await self._touch_session()
             session = True
             async with anyio.create_task_group() as tg:
@@ -217,6 +221,24 @@ class Runtime(RuntimeIntake):
         if self.config.require_noeviction:
             raise ConfigurationError("maxmemory-policy", message)
         log.warning("maxmemory-policy %s (allowed: require_noeviction=False)", message)
+
+    async def _start_up_through_blips(self) -> None:
+        """:meth:`_start_up`, tried again while Redis is briefly away (a dropped
+        connection, a server restarting or loading its data) for up to
+        :data:`START_UP_RETRY_S`: a blip as a worker starts must not end it. Anything
+        else, or a Redis still away after that, is raised."""
+        deadline = time.monotonic() + START_UP_RETRY_S
+        backoff = Backoff(base_s=0.1, cap_s=2.0)
+        while True:
+            try:
+                await self._start_up()
+                return
+            except RedisUnavailable as exc:
+                delay = backoff.next_delay()
+                if time.monotonic() + delay > deadline:
+                    raise
+                log_failure(log, "starting up", exc, delay)
+                await anyio.sleep(delay)
 
     async def _start_up(self) -> None:
         """What must work before any loop runs: the group, the scripts, the memory

@@ -277,10 +277,12 @@ class StreamEndings(StreamState):
         """:meth:`_complete` in one script where every key is on one server
         (``complete.lua``): one round trip, and no crash window between the steps.
 
-        A retry after a call whose reply was lost may find the lock gone because that
-        call released it: the assignment no longer pending with us then says the job
-        was completed (by that call, or by whoever took the stream over and finished
-        it), not lost.
+        A retry after a failed call may find the lock gone because that call ran and
+        released it (its reply was lost). The job was completed if no one holds the
+        lock and the stream's ended-job marker names this job (written by that call,
+        or by a successor that took the stream over and finished it); otherwise, say
+        a recoverer re-queued the assignment while Redis was away and a successor
+        holds the lock, the stream is lost.
         """
         host = self.host
         try:
@@ -297,8 +299,10 @@ class StreamEndings(StreamState):
             self._reply_lost = True
             raise
         if not sealed:
-            if self._reply_lost and await host.gateway.pending_owner(self.assignment.id) == "":
-                self._completed = True
+            if self._reply_lost:
+                holder, ended_job = await host.gateway.lock_and_ended(self.stream)
+                if holder is None and ended_job == self.assignment.first_id:
+                    self._completed = True
             return self._completed
         self._sealed = self.lock_cut = True
         self.to_ack, self._eos = [], []

@@ -102,6 +102,14 @@ class LivenessCommands(CommandsBase):
         return (None if token is None else text(token), None if reason is None else text(reason))
 
     @translated
+    async def lock_and_ended(self, stream: str) -> tuple[str | None, str | None]:
+        """The token in ``stream``'s lock and the job its ended-job marker names (None
+        where there is none): one MGET, both keys being in the stream's slot."""
+        token, ended = await self.client.mget(self.keys.lock(stream), self.keys.ended(stream))
+        job = None if ended is None else text(ended).partition(" ")[2]
+        return (None if token is None else text(token), job)
+
+    @translated
     async def lock_holder(self, stream: str) -> str | None:
         """The token in ``stream``'s lock, or None if there is no lock."""
         token = await self.client.get(self.keys.lock(stream))

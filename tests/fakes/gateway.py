@@ -83,6 +83,7 @@ METHODS = frozenset(
         "record_leases",
         "take_leases",
         "complete",
+        "lock_and_ended",
         "fenced_read",
         "load_scripts",
         "wait_for_entries",
@@ -1021,6 +1022,10 @@ class FakeGateway:
 
     async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]:
         return await self.lock_holder(stream), self.cancels.get(stream)
+
+    async def lock_and_ended(self, stream: str) -> tuple[str | None, str | None]:
+        ended = self.ended.get(stream)
+        return await self.lock_holder(stream), None if ended is None else ended[1]
 
     async def lock_holder(self, stream: str) -> str | None:
         """GET of the lock key: the token holding it, or None."""

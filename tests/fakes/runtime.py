@@ -130,7 +130,10 @@ def make_runtime(
     name: str = "c1",
     recovery: RecoveryConfig = NO_RECOVERY,
     metrics: RecordingMetrics | None = None,
+    cluster_mode: ClusterMode = ClusterMode.PROXY,
 ) -> Runtime:
+    """A runtime on ``fake`` (``cluster_mode`` NONE: streams complete in one call, as
+    on one server; the default, PROXY: in three, as on a cluster)."""
     return Runtime(
         hooks,
         fake,
@@ -138,7 +141,7 @@ def make_runtime(
         name=name,
         config=config,
         recovery=recovery,
-        cluster_mode=ClusterMode.PROXY,
+        cluster_mode=cluster_mode,
         metrics=metrics or RecordingMetrics(),
     )
 

@@ -14,6 +14,7 @@ import pytest
 import redis.exceptions as rex
 
 from streamjobs import (
+    ClusterMode,
     DeadLetterReason,
     InvalidAssignment,
     InvalidStreamName,
@@ -376,4 +377,94 @@ async def test_a_stream_already_handled_to_its_end_is_only_completed(
             await eventually(lambda: fake.locks == {}, "the lock to go")
     assert (hooks.calls, hooks.started, hooks.ended, hooks.lost) == ([], [], [], [])
     assert fake.data_ttl_ms("s1") is not None
+    assert_nothing_held(fake)
+
+
+async def test_a_read_reply_acted_on_after_a_pause_starts_nothing(fake: FakeGateway) -> None:
+    """The first read ran while the lock was ours; the consumer then stalled before it
+    acted on the reply (a SIGSTOP between the two, as the 30-minute soak met) and
+    another owner took the stream. ``on_stream_start`` must not run for a stream that
+    is someone else's now, nor may any entry reach ``handle()``: the lock is read
+    again first, and the stream is lost."""
+    fake.add_assignment("s1")
+    fake.append_many("s1", 3)
+    gate = fake.gate("fenced_read", after=True)  # the read ran; its reply waits
+    hooks = RecordingHooks()
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(make_runtime(fake, hooks, config=FAST_LOCK)):
+            await gate.entered.wait()
+            fake.set_lock("s1", "other:0123456789abcdef")  # the new owner
+            await anyio.sleep(0.1)  # the pause: longer than the 50 ms re-check bound
+            gate.release()
+            await eventually(lambda: hooks.lost == ["s1"], "the loss to be noticed")
+    assert hooks.started == [], "on_stream_start ran for a stream it no longer owned"
+    assert hooks.handled == []
+
+
+async def test_a_redis_blip_at_start_up_does_not_end_run(fake: FakeGateway) -> None:
+    """A worker that starts while Redis drops its connections (or restarts) tries its
+    start-up again instead of exiting, as the 30-minute soak saw three workers do."""
+    fake.fail("ensure_group", times=2)  # RedisUnavailable, twice
+    fake.add_assignment("s1")
+    ids = fake.append_many("s1", 2)
+    fake.close("s1")
+    hooks = RecordingHooks()
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(make_runtime(fake, hooks)) as run:
+            await eventually(lambda: hooks.ended == ["s1"], "s1 to finish")
+            assert not run.done.is_set(), "run() ended"
+    assert len(fake.calls_of("ensure_group")) == 3
+    assert hooks.handled_ids() == ids
+
+
+async def test_redis_away_for_the_whole_start_up_window_is_raised(
+    fake: FakeGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import streamjobs._runtime
+
+    monkeypatch.setattr(streamjobs._runtime, "START_UP_RETRY_S", 0.5)
+    fake.fail("ensure_group", times=1_000)
+    runtime = make_runtime(fake, RecordingHooks())
+    with anyio.fail_after(TEST_TIMEOUT_S), pytest.raises(RedisUnavailable):
+        await runtime.run(anyio.TASK_STATUS_IGNORED)
+    assert 2 <= len(fake.calls_of("ensure_group")) < 1_000
+
+
+async def test_a_failed_completion_whose_stream_was_taken_over_is_lost_not_finished(
+    fake: FakeGateway,
+) -> None:
+    """On one server a stream completes in one call. That call failed, Redis was away
+    long enough for recovery to re-queue the assignment, and a successor took the lock
+    (the 30-minute soak met this across a Redis restart). The retry finds the lock
+    someone else's: the stream is lost, not finished, and the successor runs it."""
+    first = fake.add_assignment("s1")
+    fake.append_many("s1", 2)
+    fake.close("s1")
+    fake.fail("complete", times=1)  # failed before it ran
+    gate = fake.gate("complete")  # the retry waits until the successor has the lock
+    hooks = RecordingHooks()
+    runtime = make_runtime(fake, hooks, cluster_mode=ClusterMode.NONE)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await gate.entered.wait()
+            assert await fake.requeue(first, 1) is not None  # recovery, meanwhile
+            fake.set_lock("s1", "successor:0123456789abcdef")
+            gate.release()
+            await eventually(lambda: hooks.lost == ["s1"], "the loss")
+    assert hooks.ended == []
+
+
+async def test_a_completion_whose_reply_was_lost_is_finished(fake: FakeGateway) -> None:
+    """The one-call completion ran, its reply was lost: the retry finds the lock gone
+    and the job's end recorded, so the stream is finished, not lost."""
+    fake.add_assignment("s1")
+    ids = fake.append_many("s1", 2)
+    fake.close("s1")
+    fake.fail("complete", times=1, after=True)  # ran; the reply was lost
+    hooks = RecordingHooks()
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(make_runtime(fake, hooks, cluster_mode=ClusterMode.NONE)):
+            await eventually(lambda: hooks.ended == ["s1"], "the end")
+    assert hooks.lost == []
+    assert hooks.handled_ids() == ids
     assert_nothing_held(fake)
