@@ -242,7 +242,13 @@ async def check_connection(client: Any, url: str, *, timeout_s: float = PING_TIM
     """
     try:
         with anyio.fail_after(timeout_s):
-            await ping(client)
+            try:
+                await ping(client)
+            except (ConnectionError, OSError):
+                # Once more: a connection the server dropped as we started (a restart,
+                # CLIENT KILL) is no reason to give up; a refused one is refused again.
+                await anyio.sleep(0.2)
+                await ping(client)
     except Exception as exc:
         why = str(exc) or type(exc).__name__
         if url.startswith("rediss://") and is_tls_failure(exc):

@@ -239,3 +239,27 @@ def test_only_handshake_failures_and_timeouts_are_blamed_on_tls() -> None:
     assert is_tls_failure(TimeoutError())
     assert not is_tls_failure(_raised_from(redis.exceptions.AuthenticationError("bad password")))
     assert not is_tls_failure(_raised_from(redis.exceptions.ConnectionError("Error 111")))
+
+
+class _DroppedOnce:
+    """A client whose first PING meets a connection the server just dropped."""
+
+    def __init__(self) -> None:
+        self.pings = 0
+
+    async def ping(self) -> bool:
+        self.pings += 1
+        if self.pings == 1:
+            raise ConnectionError("Error while reading from 127.0.0.1:6379 : (104, reset)")
+        return True
+
+
+@pytest.mark.anyio
+async def test_the_connection_check_tries_a_dropped_connection_once_more() -> None:
+    """A worker started while the server dropped connections (the cluster soak saw one
+    exit with status 2) is not refused for it."""
+    from streamjobs.cli import check_connection
+
+    client = _DroppedOnce()
+    await check_connection(client, "redis://127.0.0.1:6379/0", timeout_s=5)
+    assert client.pings == 2
