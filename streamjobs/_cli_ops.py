@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 import anyio
+import anyio.abc
 
 from ._deadletter import DeadLetterRecord
 from ._keys import DEFAULT_PREFIX, Keys
@@ -203,18 +205,39 @@ async def run_status(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
     inspector = _inspector(client, ns)
     if ns.watch is not None and ns.watch <= 0:
         raise UsageError(f"--watch: must be a number of seconds above 0, got {ns.watch}")
-    while True:
-        view = await inspector.overview()
-        if ns.watch is not None and out.isatty():
-            out.write("\x1b[H\x1b[2J")  # home and clear: refresh in place
-        if ns.json:
-            out.write(json.dumps(view.to_json(), indent=2) + "\n")
-        else:
-            print_overview(view, out)
-        out.flush()
-        if ns.watch is None:
-            return 0
-        await anyio.sleep(ns.watch)
+    if ns.watch is None:
+        await _show_status(inspector, ns, out)
+        return 0
+    # SIGINT and SIGTERM end --watch with status 0, handled here rather than left to
+    # Python's KeyboardInterrupt: a process started in the background of a script
+    # inherits SIGINT ignored, and would then never stop on it.
+    async with anyio.create_task_group() as tg:
+        await tg.start(_stop_on_signal, tg.cancel_scope)
+        while True:
+            await _show_status(inspector, ns, out)
+            await anyio.sleep(ns.watch)
+    return 0
+
+
+async def _stop_on_signal(
+    scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None]
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+async def _show_status(inspector: Inspector, ns: argparse.Namespace, out: TextIO) -> None:
+    view = await inspector.overview()
+    if ns.watch is not None and out.isatty():
+        out.write("\x1b[H\x1b[2J")  # home and clear: refresh in place
+    if ns.json:
+        out.write(json.dumps(view.to_json(), indent=2) + "\n")
+    else:
+        print_overview(view, out)
+    out.flush()
 
 
 @contextmanager

@@ -223,14 +223,21 @@ async def test_unknown_service_and_unreachable_redis_are_one_line_errors(
 async def test_status_watch_refreshes_until_interrupted(
     request: pytest.FixtureRequest, redis: Any, service: str
 ) -> None:
+    """``--watch`` stops on SIGINT with status 0, also when it was started with SIGINT
+    ignored, as a background job of a script is (CI's jobs are): it hung there."""
     url, flags = url_of(request, redis)
     await redis.xgroup_create(Keys(service).assignments, service, id="0", mkstream=True)
     command = [sys.executable, "-m", "streamjobs", "status", "--service", service]
-    process = await anyio.open_process(
-        [*command, "--watch", "0.2", "--json", *flags],
-        cwd=ROOT,
-        env={**os.environ, "STREAMJOBS_REDIS_URL": url, "PYTHONPATH": str(ROOT)},
-    )
+    # Started with SIGINT ignored, as a script's background job is.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process = await anyio.open_process(
+            [*command, "--watch", "0.2", "--json", *flags],
+            cwd=ROOT,
+            env={**os.environ, "STREAMJOBS_REDIS_URL": url, "PYTHONPATH": str(ROOT)},
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     async with process:
         assert process.stdout is not None
         assert process.stderr is not None
@@ -239,8 +246,12 @@ async def test_status_watch_refreshes_until_interrupted(
             while output.count(b'"service": {') < 2:  # refreshed at least once
                 output += await process.stdout.receive()
         process.send_signal(signal.SIGINT)
-        with anyio.fail_after(10):
-            assert await process.wait() == 0
+        try:
+            with anyio.fail_after(10):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()  # else leaving the block would wait for it forever
         errors = b""
         with contextlib.suppress(anyio.EndOfStream):
             while True:
