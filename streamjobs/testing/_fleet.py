@@ -191,6 +191,13 @@ class WorkerFleet:
                 # The URL goes by environment, not argv, where ps would show its
                 # password; read at each start, since callers may move it (a failover).
                 env={**self._env, "STREAMJOBS_REDIS_URL": self.url},
+                # A process group of its own: in a group shared with the caller, a
+                # caller started in the background (``nohup ... &``) makes the group
+                # orphaned, and the kernel then sends SIGHUP and SIGCONT to all of it
+                # whenever a member exits while another is SIGSTOPped, which stops a
+                # worker gracefully in the middle of a stall fault. Signals go to each
+                # worker by pid, so nothing else changes.
+                start_new_session=True,
             )
         _CHILDREN.add(proc)
         worker = Worker(name, proc, log_path)
