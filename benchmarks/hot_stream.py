@@ -18,7 +18,7 @@ By default a private ``redis-server`` is started (less noise) and stopped at the
 and deleted; nothing is ever flushed. See benchmarks/README.md.
 
 ``--cluster`` runs the same scenario on a private OSS Redis Cluster of 3 primaries and
-3 replicas (``tests.harness.cluster.LocalCluster``, imported only then), started for
+3 replicas (``streamjobs.testing.LocalCluster``, imported only then), started for
 the run and stopped at the end, also on an error, Ctrl-C or SIGTERM. Both contenders
 then use ``redis.asyncio.cluster.RedisCluster``: the bare loop's pipelined ``XACK`` +
 ``XREADGROUP`` name the same stream, so one slot and one node, and stay one round trip
@@ -93,10 +93,9 @@ class Target:
 def private_cluster() -> Iterator[Target]:
     """A private 3-primary + 3-replica cluster for the run, stopped at the end.
 
-    ``tests.harness.cluster`` is imported only here: the repository root is on the
-    path when the benchmarks run (``python -m benchmarks...`` from the root).
+    ``LocalCluster`` is imported only here, when a cluster is asked for.
     """
-    from tests.harness.cluster import ClusterStartupError, LocalCluster
+    from streamjobs.testing import ClusterStartupError, LocalCluster
 
     try:
         cluster = LocalCluster().start()

@@ -18,7 +18,7 @@ misses an entry fails the run.
 Run: ``python -m benchmarks.many_streams [--streams 2000] [--entries 10] [--rounds 3]``.
 
 ``--cluster`` runs the same rounds on a private OSS Redis Cluster of 3 primaries and 3
-replicas (``tests.harness.cluster.LocalCluster``, imported only then), started for the
+replicas (``streamjobs.testing.LocalCluster``, imported only then), started for the
 run and stopped at the end, also on an error, Ctrl-C or SIGTERM. The streams spread
 over the three primaries by hash slot. The bare processes use
 ``redis.asyncio.cluster.RedisCluster``: one stream's ``XACK`` and the next stream's
@@ -224,7 +224,7 @@ def _private_redis(cluster: bool) -> Iterator[tuple[str, Any]]:
         return
     from redis.cluster import RedisCluster
 
-    from tests.harness.cluster import LocalCluster  # the repository root is on the path
+    from streamjobs.testing import LocalCluster
 
     with LocalCluster() as local, RedisCluster.from_url(local.url) as rc:
         yield local.url, rc

@@ -1,13 +1,16 @@
-"""Real processes for tests and demos: a throw-away Redis and a fleet of workers.
+"""Real processes for tests and demos: a throw-away Redis, a cluster, a fleet of workers.
 
 This module is for code that exercises streamjobs against real processes rather
 than mocks: your own integration and fault tests, demos, benchmarks, and this
-project's test suite. It offers two things:
+project's test suite. It offers three things:
 
 * :class:`RedisServer`: a private ``redis-server`` run as a foreground child on
   127.0.0.1, with its own directory and log file. It can crash (:meth:`~RedisServer.kill`)
   and come back with what its append-only file holds, be paused, restarted, and
   serve as one node of a cluster a test assembles itself.
+* :class:`LocalCluster`: six such servers joined into a 3 primaries + 3 replicas OSS
+  Redis Cluster in about two seconds, whose nodes can be killed, restarted and failed
+  over (:meth:`~LocalCluster.kill_node`, :meth:`~LocalCluster.graceful_failover`).
 * :class:`WorkerFleet`: ``streamjobs worker MODULE:CLASS`` subprocesses, one log
   file each, that can be signalled, killed, or stopped gracefully.
 
@@ -36,6 +39,8 @@ Every process started here is also killed when the interpreter exits, in case it
 owner could not stop it; that is a safety net, not a replacement for ``stop()``.
 """
 
+from ._cluster import LocalCluster
+from ._cluster_view import ClusterError, ClusterStartupError
 from ._fleet import Worker, WorkerFleet
 from ._process import (
     HOST,
@@ -55,6 +60,9 @@ __all__ = (
     "HOST",
     "RESERVED_PORTS",
     "SERVER_ENV_VAR",
+    "ClusterError",
+    "ClusterStartupError",
+    "LocalCluster",
     "PortInUseError",
     "RedisServer",
     "RedisServerError",

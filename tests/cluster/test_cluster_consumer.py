@@ -26,7 +26,8 @@ from streamjobs import (
 from streamjobs._keys import Keys
 from streamjobs._notifications import ClusterWatcher
 from streamjobs.consumer import runtime_of
-from tests.harness.cluster import ClusterEndpoint, LocalCluster, close_cluster_client
+from streamjobs.testing import LocalCluster
+from tests.harness.cluster import ClusterEndpoint, close_cluster_client
 from tests.integration._helpers import Recorder, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]

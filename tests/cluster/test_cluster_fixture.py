@@ -1,4 +1,4 @@
-"""Tests of the cluster fixtures themselves (`tests/harness/cluster.py`, `plugin.py`).
+"""Tests of the cluster fixtures themselves (`streamjobs.testing.LocalCluster`, `plugin.py`).
 
 The destructive tests print what they measured (start-up, failover); run with `-s`
 to see it.
@@ -16,7 +16,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import MovedError
 
-from tests.harness.cluster import ClusterEndpoint, ClusterStartupError, LocalCluster
+from streamjobs.testing import ClusterStartupError, LocalCluster
+from tests.harness.cluster import ClusterEndpoint
 from tests.harness.processes import child_pids, pid_alive
 
 pytestmark = pytest.mark.cluster

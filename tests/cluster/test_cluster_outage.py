@@ -17,7 +17,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from streamjobs import ClusterMode, ConsumerConfig, Producer, RecoveryConfig
 from streamjobs._keys import Keys
-from tests.harness.cluster import LocalCluster, close_cluster_client
+from streamjobs.testing import LocalCluster
+from tests.harness.cluster import close_cluster_client
 from tests.integration._helpers import Recorder, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.faults]

@@ -8,7 +8,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from streamjobs import Producer, StreamJobsError
 from streamjobs._keys import Keys
-from tests.harness.cluster import ClusterEndpoint, LocalCluster
+from streamjobs.testing import LocalCluster
+from tests.harness.cluster import ClusterEndpoint
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
 

@@ -14,7 +14,7 @@ kill, fail over or restart nodes take ``fresh_cluster``, a cluster of their own.
 They are skipped when no cluster can be spawned but an external one was given (it
 must not be damaged). To start it with extra ``redis-server`` arguments, parametrize
 it indirectly with keyword arguments for
-:class:`~tests.harness.cluster.LocalCluster`::
+:class:`~streamjobs.testing.LocalCluster`::
 
     @pytest.mark.parametrize(
         "fresh_cluster", [{"extra_args": ["--notify-keyspace-events", "Kx"]}], indirect=True
@@ -38,8 +38,8 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from streamjobs import ClusterMode, StreamConsumer
-from streamjobs.testing import RedisServer, WorkerFleet
-from tests.harness.cluster import ClusterEndpoint, LocalCluster, close_cluster_client
+from streamjobs.testing import LocalCluster, RedisServer, WorkerFleet
+from tests.harness.cluster import ClusterEndpoint, close_cluster_client
 from tests.harness.keys import delete_keys_containing
 from tests.harness.sources import (
     ENV_CLUSTER_URL,
@@ -235,7 +235,7 @@ def fresh_cluster(
     """A private 3 + 3 cluster for one destructive test, stopped afterwards.
 
     Indirect parametrization passes keyword arguments to
-    :class:`~tests.harness.cluster.LocalCluster` (see the module docstring).
+    :class:`~streamjobs.testing.LocalCluster` (see the module docstring).
     """
     options: dict[str, Any] = dict(getattr(request, "param", {}))
     with LocalCluster(**options) as cluster:

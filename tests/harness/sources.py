@@ -12,7 +12,7 @@ Redis (see :func:`choose_redis_source`):
 Redis Cluster:
 
 1. ``STREAMJOBS_TEST_CLUSTER_URL``: an existing cluster, never modified;
-2. a private 3 + 3 :class:`~tests.harness.cluster.LocalCluster`, if ``redis-server``
+2. a private 3 + 3 :class:`~streamjobs.testing.LocalCluster`, if ``redis-server``
    (or one of its fallbacks) is there;
 3. otherwise a skip, or a failure under ``CI=true``.
 """

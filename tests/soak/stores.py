@@ -179,14 +179,14 @@ class StandaloneStore(Store):
 
 
 class ClusterStore(Store):
-    """A private :class:`~tests.harness.cluster.LocalCluster` (3 primaries + 3 replicas)."""
+    """A private :class:`~streamjobs.testing.LocalCluster` (3 primaries + 3 replicas)."""
 
     target = "cluster"
     server_fault = PRIMARY_KILL
 
     def __init__(self) -> None:
         # Imported here: the harness lives in tests/, importable from the repo root.
-        from tests.harness.cluster import LocalCluster
+        from streamjobs.testing import LocalCluster
 
         self.cluster = LocalCluster()
         # LocalCluster keeps one client per node and is not meant for concurrent use.
