@@ -15,7 +15,12 @@ reported and the others run; the exit code is 1 if any failed. A scenario past
 clusters), SIGKILL only if it has not exited 30 s later.
 
 ``hot_stream_cluster`` and ``many_streams_cluster`` run ``hot_stream`` and
-``many_streams`` with ``--cluster``: on a private 3-primary + 3-replica Redis Cluster.
+``many_streams`` with ``--cluster``: on a private 3-primary + 3-replica Redis Cluster;
+``idle_cost_500`` and ``idle_cost_2000`` run ``idle_cost`` with fewer streams, so that
+the idle cost can be drawn against the number of streams.
+
+``--plot`` runs nothing: it draws the charts of ``DIR/results.json`` (an earlier run)
+into ``docs/img/benchmarks`` (``--charts DIR`` elsewhere), see benchmarks/plot.py.
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
         ["--streams", "10000", "--liveness", "session"],
         ["--streams", "30", "--wakeups", "5", "--window-s", "0.5"],
     ),
+    "idle_cost_500": (
+        ["--streams", "500", "--liveness", "session"],
+        ["--streams", "10", "--wakeups", "5", "--window-s", "0.5", "--liveness", "session"],
+    ),
+    "idle_cost_2000": (
+        ["--streams", "2000", "--liveness", "session"],
+        ["--streams", "20", "--wakeups", "5", "--window-s", "0.5", "--liveness", "session"],
+    ),
     "scan_cost": ([], ["--assignments", "300", "--passes", "2"]),
     "big_entries": ([], ["--entries", "3", "--mb", "1"]),
     "status_cost": ([], ["--streams", "30", "--dead", "5", "--rounds", "2"]),
@@ -64,6 +77,8 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
 MODULES: dict[str, str] = {
     "hot_stream_cluster": "hot_stream",
     "many_streams_cluster": "many_streams",
+    "idle_cost_500": "idle_cost",
+    "idle_cost_2000": "idle_cost",
 }
 
 TERM_GRACE_S = 30.0
@@ -204,7 +219,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="put this run's tables in benchmarks/README.md (between its latest-run markers)",
     )
+    parser.add_argument(
+        "--plot",
+        action="store_true",
+        help="run nothing: draw the charts of DIR/results.json (an earlier run; DIR is --out)",
+    )
+    parser.add_argument(
+        "--charts", type=Path, default=None, help="where --plot writes (docs/img/benchmarks)"
+    )
     ns = parser.parse_args(argv)
+    if ns.plot:
+        from benchmarks import plot  # matplotlib: the bench extra
+
+        charts = plot.draw(ns.out / "results.json", ns.charts or plot.DEFAULT_DIR)
+        plot.report(charts)
+        return 0 if any(c.path for c in charts) else 1
     names = list(SCENARIOS) if ns.only is None else ns.only.split(",")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:

@@ -70,6 +70,8 @@ class Outcome:
     p99_s: float
     max_s: float
     target_s: float
+    deciles_s: tuple[float, ...] = ()
+    """p0, p10, ..., p100 of the streams' latencies: the distribution's shape."""
 
     @property
     def met(self) -> bool:
@@ -151,7 +153,7 @@ def run_one(scenario: str, n_streams: int, ttl_s: float, unrelated: int) -> Outc
         if scenario == "stop":
             victim.signal(signal.SIGCONT)
         latencies = sorted(max(0, t - at_ms) / 1000 for t in first.values())
-        p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+        p99 = _quantile(latencies, 0.99)
         return Outcome(
             scenario=scenario,
             unrelated_keys=unrelated,
@@ -161,11 +163,21 @@ def run_one(scenario: str, n_streams: int, ttl_s: float, unrelated: int) -> Outc
             p99_s=round(p99, 3),
             max_s=round(latencies[-1], 3),
             target_s=ttl_s + 1,
+            deciles_s=tuple(round(_quantile(latencies, q / 10), 3) for q in range(11)),
         )
     finally:
         fleet.close()
         r.close()
         server.stop()
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``ordered`` (sorted, not empty)."""
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+DECILES = " | ".join(f"p{10 * q} s" for q in range(11))
+DECILES_HEADER = f"| scenario | unrelated TTL keys | {DECILES}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,6 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{o.p99_s:.2f} | {o.max_s:.2f} | {o.target_s:.1f} | {'yes' if o.met else 'no'} |",
                 flush=True,
             )
+    # The distribution, for the chart (python -m benchmarks --plot).
+    print()
+    print(f"{DECILES_HEADER} |")
+    print("|---|---|" + "---|" * 11)
+    for o in outcomes:
+        cells = " | ".join(f"{d:.2f}" for d in o.deciles_s)
+        print(f"| {o.scenario} | {o.unrelated_keys:,} | {cells} |", flush=True)
     if ns.json is not None:
         ns.json.write_text(json.dumps([asdict(o) | {"met": o.met} for o in outcomes], indent=2))
     return 0
