@@ -18,9 +18,13 @@
 -- marker names it (or, with the job unknown, exists: then the lock holder is that ended
 -- job finishing), or the group has read the stream's newest entry and it is an end
 -- marker no older than the job (the job is finishing normally). A marker written then would outlive the job.
--- Otherwise the marker is written; the end marker is not appended if the stream does
--- not exist, or if its newest entry is already an end marker: that job is ending
--- anyway, and a second marker would be read first by the next job of the same name.
+-- Otherwise the marker is written, and the end marker appended, except when the stream
+-- does not exist (no owner waits on it), or when its newest entry is an end marker no
+-- older than the job (or the job is unknown): that is the job's own end, unread yet,
+-- whose read finds the cancel marker. An end marker older than the job is an earlier
+-- job's, read or skipped: the job's owner waits for entries after it and only the
+-- appended one wakes it (what the cancelled job leaves is skipped by the next job of
+-- the name, docs/design.md#job-identity).
 -- Returns 1 if the end marker was appended, 0 if only the marker was written, 2 if moot.
 -- Reads (the key types, the newest entry, the group) come before the first write.
 local t = redis.call('TYPE', KEYS[1])['ok']
@@ -46,6 +50,8 @@ if t == 'stream' then
       end
     end
     if not append then  -- it ends in an end marker: has the group read it?
+      -- (one older than the job is an earlier job's: this job's owner needs waking)
+      append = ARGV[7] ~= '' and older(top[1][1], ARGV[7])
       for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
         local name, last
         for j = 1, #g, 2 do

@@ -458,8 +458,9 @@ class FakeGateway:
         """signal_cancel.lua: nothing if moot (the ended-job marker names ``job``, or
         exists with ``job`` unknown; or the group read the newest entry, an end marker
         no older than ``job``); else the cancel marker, then an end marker carrying the
-        reason unless the stream is missing or its newest entry is an end marker
-        already. False if moot."""
+        reason unless the stream is missing or its newest entry is an end marker no
+        older than ``job`` (an older one is an earlier job's: the owner waits after it,
+        and only the appended marker wakes it). False if moot."""
         ended = self.ended.get(stream)
         if ended is not None and (not job or ended[1] == job):
             return False
@@ -475,7 +476,8 @@ class FakeGateway:
             if read and (not job or top >= parse_id(job)):
                 return False
         self.cancels[stream] = reason
-        if s is None or not s.entries or top_is_eos:
+        earlier_jobs_end = top_is_eos and bool(job) and parse_id(s.top()) < parse_id(job)
+        if s is None or not s.entries or (top_is_eos and not earlier_jobs_end):
             return True
         self.append(stream, {EOS_FIELD: EOS_VALUE, CANCEL_FIELD: reason})
         return True

@@ -208,7 +208,8 @@ class FakeWorld:
         return (
             f"assignments {fake.lbs_entries}, pending {fake.lbs_pending}, locks "
             f"{fake.locks}, sessions {fake.sessions}, leases {fake.leases}, "
-            f"active {fake.active}"
+            f"active {fake.active}, cancel markers {fake.cancels}, ended {fake.ended}, "
+            f"data { ({n: fake.data_entries(n) for n in NAMES}) }"
         )
 
     async def leftovers(self) -> list[str]:
@@ -445,10 +446,23 @@ class SeamsModel(RuleBasedStateMachine):
                 describe = getattr(self.world, "describe", None)
                 state = self._call_sync(describe) if describe is not None else ""
                 running = {c: not self._done(c) for c in CONSUMERS}
+                owned = self._call_sync(self._owned_states)
                 raise AssertionError(
-                    f"not quiescent after {QUIESCE_S}s: {what}; running {running}; {state}"
+                    f"not quiescent after {QUIESCE_S}s: {what}; running {running}; "
+                    f"owned {owned}; {state}"
                 )
             self._settle(0.05)
+
+    def _owned_states(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """What each consumer's owned streams are doing, for a failure message."""
+        fields = ("acquired", "lost", "ending", "finish_requested", "cancel_reason", "handling")
+        return {
+            c: {
+                s: {f: getattr(o, f, "?") for f in fields}
+                for s, o in getattr(self.runtimes[c], "owned", {}).items()
+            }
+            for c in CONSUMERS
+        }
 
     # -- rules -------------------------------------------------------------------------
 

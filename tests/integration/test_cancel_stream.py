@@ -284,3 +284,32 @@ async def test_a_job_cancelled_before_it_was_read_leaves_nothing_for_the_next(
         await eventually(lambda: _true(consumer.ended == [stream]))
     assert [h[3] for h in consumer.handled] == ["new"]
     await assert_nothing_left(redis, service, stream)
+
+
+async def test_an_idle_job_of_a_reused_name_is_woken_by_its_cancel(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """Found by the long model run. The stream's newest entry was the previous job's
+    end marker, so the cancel wrote only its marker: the new job's owner, waiting for
+    entries, was woken by nothing and ended only at its idle re-read, minutes later.
+    The end-with-cancel entry that wakes it must not reach the next job either."""
+    producer = Producer(redis, service=service)
+    stream = f"reused-idle:{uid}"
+    await producer.add_stream(stream)
+    await producer.append(stream, {"n": "job1"})
+    await producer.close_stream(stream)
+    consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
+    async with consumer:
+        await eventually(lambda: _true(consumer.ended == [stream]))
+        await producer.add_stream(stream)  # job 2: nothing appended yet
+        await eventually(lambda: _true(consumer.started == [stream, stream]))
+        with anyio.fail_after(3):  # before the 4 s blocking read would end
+            assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
+            await eventually(lambda: _true(consumer.cancelled == [(stream, "")]))
+        await producer.add_stream(stream)  # job 3 starts after job 2's cancel
+        await producer.append(stream, {"n": "job3"})
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(consumer.ended == [stream, stream]))
+    assert consumer.cancelled == [(stream, "")]
+    assert [h[3] for h in consumer.handled] == ["job1", "job3"]
+    await assert_nothing_left(redis, service, stream)

@@ -564,3 +564,27 @@ async def test_a_job_queued_in_the_millisecond_its_predecessor_ended_is_not_take
             await eventually(lambda: hooks.ended == ["s1", "s1"], "job 2 to end")
     assert [m.id for m in hooks.handled] == [entry]
     assert_nothing_held(fake)
+
+
+async def test_a_cancel_wakes_an_idle_job_of_a_reused_name(fake: FakeGateway) -> None:
+    """The stream's newest entry is the previous job's end marker: the cancel must still
+    append the end marker that wakes the new job's idle owner (found by the long model
+    run; tests/integration/test_cancel_stream.py has it against real Redis)."""
+    hooks = RecordingHooks()
+    runtime = make_runtime(fake, hooks)
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            fake.submit("s1", {"job": 1})
+            fake.append("s1", {"n": "0"})
+            fake.close("s1")
+            await eventually(lambda: not fake.lbs_entries and not fake.locks, "job 1's end")
+            assert isinstance(fake.clock, ManualClock)
+            fake.clock.advance(1)  # a later millisecond, as on a server: ids are ordered
+            _, created = fake.submit("s1", {"job": 2})
+            assert created
+            await eventually(lambda: len(hooks.started) == 2, "job 2 owned")
+            assert fake.cancel("s1") == "signalled"
+            await eventually(lambda: not runtime.owned_streams(), "job 2 ended by its cancel")
+    assert hooks.ended == ["s1"]
+    assert fake.cancels == {}
+    assert_nothing_held(fake)
