@@ -75,9 +75,10 @@ class LivenessCommands(CommandsBase):
     ) -> bool:
         """session.lua: create, renew, end or forget one incarnation of ``consumer``'s
         session (``value`` is the incarnation itself for 'forget')."""
+        keys = self.keys
         r = await self.scripts.session(
-            keys=[self.keys.session(consumer), self.keys.sessions],
-            args=[mode, value, ttl_ms, session_member(incarnation, consumer)],
+            keys=[keys.session(consumer), keys.sessions, keys.assignments],
+            args=[mode, value, ttl_ms, session_member(incarnation, consumer), keys.group, consumer],
         )
         return int(r) == 1
 

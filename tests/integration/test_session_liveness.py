@@ -7,6 +7,7 @@ liveness modes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 from typing import Any
@@ -70,9 +71,34 @@ async def test_heartbeats_renew_the_session_not_the_locks(
         assert min(after) > SESSION.session_lock_ttl_ms - 10_000
         assert c.owned_streams == frozenset(streams)
         assert not c.lost
-    # A clean stop ends the session and hands every stream back.
+    # A clean stop ends the session and hands every stream back; with nothing left
+    # pending with it, its index member goes too: nothing is left indexed.
     assert await redis.get(keys.session("s1")) is None
     assert all([await redis.get(keys.lock(s)) is None for s in streams])
+    assert await redis.zcard(keys.sessions) == 0
+
+
+async def test_a_stop_that_leaves_an_assignment_pending_keeps_its_member_due(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """What a stop could not hand back (here an assignment read under the consumer's
+    name behind its back, as by a read whose reply it never got) is found by a sweeper
+    through the member, which falls due at once instead of going."""
+    keys = Keys(service)
+    one = dataclasses.replace(SESSION, max_concurrent_streams=1)  # its one slot stays full
+    c = consumer_factory(Recorder, config=one, recovery=FAST, consumer_name="s1")
+    async with c:
+        incarnation = json.loads(await redis.get(keys.session("s1")))["incarnation"]
+        await queue(redis, service, [f"d:{uid}:0"], close=False)
+        await eventually(lambda: _true(len(c.handled) == 1))
+        await queue(redis, service, [f"d:{uid}:1"], close=False)
+        reply: Any = await redis.xreadgroup(service, "s1", {keys.assignments: ">"}, count=1)
+        assert len(reply[0][1]) == 1
+    assert await redis.get(keys.session("s1")) is None
+    score = await redis.zscore(keys.sessions, member(incarnation, "s1"))
+    assert score is not None, "the member went although an assignment is pending with s1"
+    now_s, now_us = await redis.time()
+    assert score <= now_s * 1000 + now_us // 1000, "the member is not due"
 
 
 async def _session_renewed(redis: AsyncRedis, key: str) -> bool:
