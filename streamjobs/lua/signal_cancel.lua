@@ -17,14 +17,20 @@
 -- A cancel is moot, and nothing is written, when the job is over already: the ended-job
 -- marker names it (or, with the job unknown, exists: then the lock holder is that ended
 -- job finishing), or the group has read the stream's newest entry and it is an end
--- marker no older than the job (the job is finishing normally). A marker written then would outlive the job.
+-- marker newer than the job (the job is finishing normally). A marker written then
+-- would outlive the job.
 -- Otherwise the marker is written, and the end marker appended, except when the stream
--- does not exist (no owner waits on it), or when its newest entry is an end marker no
--- older than the job (or the job is unknown): that is the job's own end, unread yet,
--- whose read finds the cancel marker. An end marker older than the job is an earlier
+-- does not exist (no owner waits on it), or when its newest entry is an end marker
+-- newer than the job (or the job is unknown): that is the job's own end, unread yet,
+-- whose read finds the cancel marker. An end marker no newer than the job is an earlier
 -- job's, read or skipped: the job's owner waits for entries after it and only the
 -- appended one wakes it (what the cancelled job leaves is skipped by the next job of
--- the name, docs/design.md#job-identity).
+-- the name, docs/design.md#job-identity). Equal ids count as an earlier job's: the
+-- previous job's end marker and this job's assignment, in two streams, get the same id
+-- when written in one millisecond (on a fast server, a job can end and the next be
+-- queued within one). Read the other way, the cancel was lost and the idle job kept
+-- its stream for good; this way, a cancel racing a job's own end in its first
+-- millisecond leaves a marker that the job's seal or the next add_stream removes.
 -- Returns 1 if the end marker was appended, 0 if only the marker was written, 2 if moot.
 -- Reads (the key types, the newest entry, the group) come before the first write.
 local t = redis.call('TYPE', KEYS[1])['ok']
@@ -50,8 +56,8 @@ if t == 'stream' then
       end
     end
     if not append then  -- it ends in an end marker: has the group read it?
-      -- (one older than the job is an earlier job's: this job's owner needs waking)
-      append = ARGV[7] ~= '' and older(top[1][1], ARGV[7])
+      -- (one no newer than the job is an earlier job's: this job's owner needs waking)
+      append = ARGV[7] ~= '' and not older(ARGV[7], top[1][1])
       for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
         local name, last
         for j = 1, #g, 2 do
@@ -61,9 +67,10 @@ if t == 'stream' then
             last = g[j + 1]
           end
         end
-        -- (an end marker older than the job belongs to an earlier job of the name)
+        -- (an end marker no newer than the job belongs to an earlier job of the name:
+        -- ids of two streams written in one millisecond can be equal)
         if name == ARGV[6] and last and not older(last, top[1][1])
-            and (ARGV[7] == '' or not older(top[1][1], ARGV[7])) then
+            and (ARGV[7] == '' or older(ARGV[7], top[1][1])) then
           return 2
         end
       end

@@ -457,10 +457,10 @@ class FakeGateway:
     def signal_cancel(self, stream: str, reason: str, job: str = "") -> bool:
         """signal_cancel.lua: nothing if moot (the ended-job marker names ``job``, or
         exists with ``job`` unknown; or the group read the newest entry, an end marker
-        no older than ``job``); else the cancel marker, then an end marker carrying the
-        reason unless the stream is missing or its newest entry is an end marker no
-        older than ``job`` (an older one is an earlier job's: the owner waits after it,
-        and only the appended marker wakes it). False if moot."""
+        newer than ``job``); else the cancel marker, then an end marker carrying the
+        reason unless the stream is missing or its newest entry is an end marker newer
+        than ``job`` (one no newer is an earlier job's, equal ids included: the owner
+        waits after it, and only the appended marker wakes it). False if moot."""
         ended = self.ended.get(stream)
         if ended is not None and (not job or ended[1] == job):
             return False
@@ -473,10 +473,10 @@ class FakeGateway:
         if s is not None and top_is_eos:
             top = parse_id(s.top())
             read = s.group is not None and s.group.last_delivered >= top
-            if read and (not job or top >= parse_id(job)):
+            if read and (not job or top > parse_id(job)):
                 return False
         self.cancels[stream] = reason
-        earlier_jobs_end = top_is_eos and bool(job) and parse_id(s.top()) < parse_id(job)
+        earlier_jobs_end = top_is_eos and bool(job) and parse_id(s.top()) <= parse_id(job)
         if s is None or not s.entries or (top_is_eos and not earlier_jobs_end):
             return True
         self.append(stream, {EOS_FIELD: EOS_VALUE, CANCEL_FIELD: reason})

@@ -209,7 +209,8 @@ class FakeWorld:
             f"assignments {fake.lbs_entries}, pending {fake.lbs_pending}, locks "
             f"{fake.locks}, sessions {fake.sessions}, leases {fake.leases}, "
             f"active {fake.active}, cancel markers {fake.cancels}, ended {fake.ended}, "
-            f"data { ({n: fake.data_entries(n) for n in NAMES}) }"
+            f"data { ({n: fake.data_entries(n) for n in NAMES}) }, "
+            f"assignment history {fake.lbs_history}, dead letters {fake.dead_letters}"
         )
 
     async def leftovers(self) -> list[str]:

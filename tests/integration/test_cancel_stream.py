@@ -313,3 +313,36 @@ async def test_an_idle_job_of_a_reused_name_is_woken_by_its_cancel(
     assert consumer.cancelled == [(stream, "")]
     assert [h[3] for h in consumer.handled] == ["job1", "job3"]
     await assert_nothing_left(redis, service, stream)
+
+
+async def test_a_cancel_is_not_lost_when_the_previous_end_has_the_jobs_own_id(
+    redis: Any, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """Found by the long model run. The previous job's end marker and the new job's
+    assignment, in two streams, got the same id (a job ended and the next was queued
+    within one millisecond): the cancel took that marker for the new job's own end,
+    already read, and wrote nothing, so the idle job kept its stream for good. The
+    state is made here by placing that marker with the job's id, in one transaction
+    with the group moved past it (as add_stream's skip does)."""
+    producer = Producer(redis, service=service)
+    keys = Keys(service)
+    stream = f"same-ms:{uid}"
+    await producer.add_stream(stream)
+    await producer.close_stream(stream)
+    consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
+    async with consumer:
+        await eventually(lambda: _true(consumer.ended == [stream]))
+        job = await producer.add_stream(stream)
+        await eventually(lambda: _true(consumer.started == [stream, stream]))
+        top = (await redis.xrevrange(stream, count=1))[0][0].decode()
+        if (int(top.split("-")[0]), int(top.split("-")[1])) >= tuple(map(int, job.split("-"))):
+            pytest.skip("the end marker is not older than the job's id here")
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(stream, {"_eos": "1"}, id=job)
+            pipe.xgroup_setid(stream, keys.group, job)
+            await pipe.execute()
+        with anyio.fail_after(3):  # before the 4 s blocking read would end
+            assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
+            await eventually(lambda: _true(consumer.cancelled == [(stream, "")]))
+    assert consumer.ended == [stream]
+    await assert_nothing_left(redis, service, stream)

@@ -566,22 +566,30 @@ async def test_a_job_queued_in_the_millisecond_its_predecessor_ended_is_not_take
     assert_nothing_held(fake)
 
 
-async def test_a_cancel_wakes_an_idle_job_of_a_reused_name(fake: FakeGateway) -> None:
+@pytest.mark.parametrize("moved_ms", [1, 0], ids=["later", "same-millisecond"])
+async def test_a_cancel_wakes_an_idle_job_of_a_reused_name(
+    fake: FakeGateway, moved_ms: int
+) -> None:
     """The stream's newest entry is the previous job's end marker: the cancel must still
     append the end marker that wakes the new job's idle owner (found by the long model
-    run; tests/integration/test_cancel_stream.py has it against real Redis)."""
+    run; tests/integration/test_cancel_stream.py has it against real Redis). With the
+    clock still, that marker and the new job's assignment have the same id, as on a
+    server where one job ends and the next is queued within a millisecond: the cancel
+    took the marker for the job's own end and was lost."""
     hooks = RecordingHooks()
     runtime = make_runtime(fake, hooks)
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with running(runtime):
-            fake.submit("s1", {"job": 1})
-            fake.append("s1", {"n": "0"})
-            fake.close("s1")
+            fake.submit("s1", {"job": 1})  # assignment T-0
+            fake.append("s1", {"n": "0"})  # T-0
+            fake.close("s1")  # T-1: with the clock still, job 2's assignment is T-1 too
             await eventually(lambda: not fake.lbs_entries and not fake.locks, "job 1's end")
             assert isinstance(fake.clock, ManualClock)
-            fake.clock.advance(1)  # a later millisecond, as on a server: ids are ordered
-            _, created = fake.submit("s1", {"job": 2})
+            fake.clock.advance(moved_ms)
+            job, created = fake.submit("s1", {"job": 2})
             assert created
+            eos = fake.data_entries("s1")[-1][0]
+            assert (eos == job) is (moved_ms == 0)
             await eventually(lambda: len(hooks.started) == 2, "job 2 owned")
             assert fake.cancel("s1") == "signalled"
             await eventually(lambda: not runtime.owned_streams(), "job 2 ended by its cancel")
