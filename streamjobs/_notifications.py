@@ -180,8 +180,11 @@ async def cluster_view(cluster: Any) -> ClusterView:
             continue
         finally:
             # Shielded: when the watcher is cancelled mid-check, an unshielded close
-            # would be cancelled too and leak the socket.
-            with anyio.CancelScope(shield=True):
+            # would be cancelled too and leak the socket. A close that fails (redis-py
+            # raises TimeoutError when a dead node's socket will not close in 5 s) is
+            # only a socket left to the garbage collector: it must not end the check,
+            # nor the watcher, nor the worker (the 30-minute cluster soak saw that).
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await r.aclose()
         reachable.add(addr)
         if state != "ok":
@@ -363,7 +366,7 @@ class ClusterWatcher:
                 ok.append(addr)
                 self._metrics.keyspace_setup(self._service, "ok")
             except BaseException as exc:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                     await client.aclose()
                 if not isinstance(exc, Exception):
                     raise
@@ -421,6 +424,10 @@ class ClusterWatcher:
             try:
                 view = await cluster_view(self._cluster)
             except RedisUnavailable:
+                continue
+            except Exception as exc:  # one odd reply never ends the watcher
+                self._metrics.loop_error(self._service, "subscriber")
+                log.warning("checking the cluster topology failed (%s)", describe(exc))
                 continue
             if view.primaries != primaries and view.settled:
                 log.info("cluster primaries changed: rebuilding keyspace subscriptions")

@@ -15,6 +15,7 @@ checked before use and printed only with its password masked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -287,7 +288,10 @@ async def run_worker(ns: argparse.Namespace) -> None:
             if server is not None:
                 server.close()
     finally:
-        await client.aclose()
+        # The consumer has stopped: a close that fails (a node gone mid-failover) must
+        # not turn a clean stop into a traceback and a failed exit.
+        with contextlib.suppress(Exception):
+            await client.aclose()
 
 
 def open_metrics(
