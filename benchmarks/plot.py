@@ -1,8 +1,8 @@
 """Charts of a benchmark run: ``python -m benchmarks --plot``.
 
 Reads ``results.json`` (written by ``python -m benchmarks``; nothing is run again) and
-draws three PNG charts into a folder (by default ``docs/img/benchmarks``, where
-benchmarks/README.md and the docs site show them):
+draws three PNG charts into a folder (by default ``docs/img/benchmarks``, for
+benchmarks/README.md and the docs site):
 
 * ``ratios.png``: each scenario's throughput as a fraction of the bare redis-py loop
   that does the same work (hot stream and many streams, standalone and cluster, with
