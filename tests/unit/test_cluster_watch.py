@@ -1,16 +1,20 @@
 """The cluster watcher's topology check (``_notifications.cluster_view``) survives a
 node client whose close fails: the 30-minute cluster soak saw redis-py raise
 ``TimeoutError: Timed out closing connection after 5.0`` from that close just after a
-primary was killed, which ended the watcher and with it the worker (exit 1)."""
+primary was killed, which ended the watcher and with it the worker (exit 1). So does
+the watch loop around it, whatever the check raises, and the worker's own final close."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
+import anyio
 import pytest
 import redis.exceptions
 
 from streamjobs import _notifications
+from streamjobs.metrics import NullRecorder
 
 pytestmark = pytest.mark.anyio
 
@@ -54,3 +58,69 @@ async def test_a_node_client_whose_close_fails_does_not_end_the_check(
     assert view.primaries == frozenset({NODES[0]})
     assert view.settled
     assert _ClosingFails.closed == len(NODES)  # every client was closed, or tried
+
+
+class _Recorder(NullRecorder):
+    def __init__(self) -> None:
+        self.loop_errors: list[str] = []
+
+    def loop_error(self, service: str, loop: str) -> None:
+        self.loop_errors.append(loop)
+
+
+async def test_an_odd_error_of_the_topology_check_does_not_end_the_watcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch loop counts any error of a check and checks again, and still returns
+    for a rebuild when the primaries move."""
+    calls: list[int] = []
+
+    async def view(cluster: Any) -> _notifications.ClusterView:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("an odd reply")
+        return _notifications.ClusterView(frozenset({NODES[1]}), settled=True)
+
+    monkeypatch.setattr(_notifications, "cluster_view", view)
+    metrics = _Recorder()
+    watcher = _notifications.ClusterWatcher(
+        _Cluster(),
+        "__keyspace@0__:*",
+        ensure_flags=_no_flags,
+        on_expired=lambda: None,
+        metrics=metrics,
+        service="svc",
+        check_interval_s=0.01,
+    )
+    with anyio.fail_after(5):
+        await watcher._watch(frozenset({NODES[0]}), anyio.Event())
+    assert len(calls) == 2
+    assert metrics.loop_errors == ["subscriber"]
+
+
+async def _no_flags(client: Any) -> bool:
+    return False
+
+
+async def test_a_clean_stop_whose_final_close_fails_still_ends_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``streamjobs worker``: the consumer stopped; closing its client then fails (a
+    node gone mid-failover). That must not turn the clean stop into an error."""
+    from streamjobs import cli
+
+    async def fine(*args: Any) -> None:
+        return None
+
+    monkeypatch.setattr(cli, "load_consumer_class", lambda target: lambda *a, **k: object())
+    monkeypatch.setattr(cli, "build_configs", lambda ns: (None, None))
+    monkeypatch.setattr(cli, "redis_url", lambda ns: "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(cli, "connect", lambda url, cluster: _ClosingFails())
+    monkeypatch.setattr(cli, "check_connection", fine)
+    monkeypatch.setattr(cli, "serve", fine)
+    closed = _ClosingFails.closed
+    ns = argparse.Namespace(
+        target="m:C", metrics_port=None, service="svc", cluster=False, consumer_name=None
+    )
+    await cli.run_worker(ns)  # returns: the close's TimeoutError is not raised
+    assert _ClosingFails.closed == closed + 1
