@@ -115,7 +115,13 @@ class OwnedStream(StreamAcquisition, StreamEndings):
             sent = time.monotonic()
             try:
                 reply = await host.gateway.fenced_read(
-                    stream, self.token, host.name, count, self.to_ack, claim=claim
+                    stream,
+                    self.token,
+                    host.name,
+                    count,
+                    self.to_ack,
+                    claim=claim,
+                    reply_bytes=count * host.entry_size_hint,
                 )
             except NoSuchGroup as exc:
                 return await self._vanished(exc)

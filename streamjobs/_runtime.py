@@ -31,7 +31,7 @@ from ._backoff import Backoff
 from ._guard import LoopGuard, log_failure
 from ._intake import RuntimeIntake
 from ._ownership import CLEANUP_TIMEOUT_S
-from ._redis import REDIS_FAILURES, Gateway, eviction_policies
+from ._redis import REDIS_FAILURES, Channel, Gateway, eviction_policies
 from ._runtime_state import (
     HEALTHY_WITHIN_S,
     PULSE_S,
@@ -165,6 +165,7 @@ class Runtime(RuntimeIntake):
         try:
             if isinstance(self.gateway, Gateway):
                 self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
+                self.gateway.scripts.channel = Channel(self.gateway.client)
             await self._start_up_through_blips()
             await self._touch_session()
             session = True

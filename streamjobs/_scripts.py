@@ -1,15 +1,17 @@
-"""Lua scripts shipped in ``lua/*.lua``, read once and registered once per client.
-
-redis-py's script objects run EVALSHA and reload the script transparently on
-NOSCRIPT (script caches are not replicated, so a promoted replica has none).
-"""
+"""Lua scripts shipped in ``lua/*.lua``, read once and registered once per client."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import NoScriptError
+
+if TYPE_CHECKING:
+    from ._redis._channel import Channel
 
 MAX_COPY_VALUES = 7_800
 """The most field names and values a script passes to one XADD.
@@ -62,31 +64,62 @@ def source(name: str) -> str:
     return _INCLUDE.sub(lambda m: _read(f"_{m.group(1)}").rstrip("\n"), _read(name))
 
 
+class Script:
+    """One script, run with ``EVALSHA``: on the command channel when its owner has one
+    (docs/design.md#the-command-channel), else through the client (redis-py's script
+    object). Either way a server without it (restarted, or a promoted replica: script
+    caches are not replicated) gets it loaded and the call goes again."""
+
+    __slots__ = ("_client_script", "_owner", "script", "sha")
+
+    def __init__(self, owner: Scripts, client: Any, name: str) -> None:
+        self._owner = owner
+        self._client_script = client.register_script(source(name))
+        self.script: str = source(name)
+        self.sha: str = self._client_script.sha
+
+    async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        channel = self._owner.channel
+        if channel is None or not keys:
+            return await self._client_script(keys=list(keys), args=list(args))
+        key = keys[0]
+        try:
+            return await channel.call(key, "EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await channel.call(key, "SCRIPT", "LOAD", self.script)
+            return await channel.call(key, "EVALSHA", self.sha, len(keys), *keys, *args)
+
+
 class Scripts:
-    """The registered script objects of one client."""
+    """The scripts of one client.
+
+    Attributes:
+        channel: where the scripts run (``None``: through the client itself).
+    """
 
     def __init__(self, client: Any) -> None:
-        self.add = client.register_script(source("add"))
-        self.acquire = client.register_script(source("acquire"))
-        self.extend = client.register_script(source("extend"))
-        self.fence = client.register_script(source("fence"))
-        self.claim = client.register_script(source("claim"))
-        self.release = client.register_script(source("release"))
-        self.finish = client.register_script(source("finish"))
-        self.requeue = client.register_script(source("requeue"))
-        self.dead_letter = client.register_script(source("dead_letter"))
-        self.dlq_add = client.register_script(source("dlq_add"))
-        self.lease = client.register_script(source("lease"))
-        self.sweep = client.register_script(source("sweep"))
-        self.prune_consumers = client.register_script(source("prune_consumers"))
-        self.seal = client.register_script(source("seal"))
-        self.complete = client.register_script(source("complete"))
-        self.cancel = client.register_script(source("cancel"))
-        self.signal_cancel = client.register_script(source("signal_cancel"))
-        self.skip_unread = client.register_script(source("skip_unread"))
-        self.start_job = client.register_script(source("start_job"))
-        self.replay_assignment = client.register_script(source("replay_assignment"))
-        self.replay_entry = client.register_script(source("replay_entry"))
-        self.prune_names = client.register_script(source("prune_names"))
-        self.session = client.register_script(source("session"))
-        self.next_due = client.register_script(source("next_due"))
+        self.channel: Channel | None = None
+        self.add = Script(self, client, "add")
+        self.acquire = Script(self, client, "acquire")
+        self.extend = Script(self, client, "extend")
+        self.fence = Script(self, client, "fence")
+        self.claim = Script(self, client, "claim")
+        self.release = Script(self, client, "release")
+        self.finish = Script(self, client, "finish")
+        self.requeue = Script(self, client, "requeue")
+        self.dead_letter = Script(self, client, "dead_letter")
+        self.dlq_add = Script(self, client, "dlq_add")
+        self.lease = Script(self, client, "lease")
+        self.sweep = Script(self, client, "sweep")
+        self.prune_consumers = Script(self, client, "prune_consumers")
+        self.seal = Script(self, client, "seal")
+        self.complete = Script(self, client, "complete")
+        self.cancel = Script(self, client, "cancel")
+        self.signal_cancel = Script(self, client, "signal_cancel")
+        self.skip_unread = Script(self, client, "skip_unread")
+        self.start_job = Script(self, client, "start_job")
+        self.replay_assignment = Script(self, client, "replay_assignment")
+        self.replay_entry = Script(self, client, "replay_entry")
+        self.prune_names = Script(self, client, "prune_names")
+        self.session = Script(self, client, "session")
+        self.next_due = Script(self, client, "next_due")

@@ -103,8 +103,8 @@ def _check_block(redis: Any, config: ConsumerConfig) -> None:
 
 
 _BLOCKING_CONNECTIONS = 4
-"""Connections held by blocking reads and subscriptions: intake, the shared idle
-wait (its first shard), the keyspace subscription, and one spare."""
+"""Connections held outside the command slots: intake, the shared idle wait (its first
+shard), the keyspace subscription, and the command channel's (one per node)."""
 
 
 def _check_pool(redis: Any, config: ConsumerConfig, cluster_mode: ClusterMode) -> None:

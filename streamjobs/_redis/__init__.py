@@ -56,6 +56,7 @@ from ._boundary import (
     translate,
     translated,
 )
+from ._channel import Channel
 from ._gateway import Gateway
 from ._protocol import Pending, SessionMode, StreamGateway
 
@@ -67,6 +68,7 @@ __all__ = [
     "REDIS_FAILURES",
     "Addr",
     "BlockingReader",
+    "Channel",
     "Entry",
     "EntryTooLarge",
     "Gateway",

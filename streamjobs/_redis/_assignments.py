@@ -32,6 +32,7 @@ from ._boundary import (
     RawFields,
     _raw_fields,
     blocking,
+    channelled,
     raw,
     script,
     text,
@@ -165,7 +166,7 @@ class AssignmentCommands(CommandsBase):
             pending=pending, oldest_pending_age_s=age_s, dlq_length=dlq_length, consumers=consumers
         )
 
-    @script
+    @channelled
     async def finish(self, assignment_id: str) -> bool:
         """Ack and delete a completed assignment; False if it was no longer pending.
 
@@ -178,7 +179,7 @@ class AssignmentCommands(CommandsBase):
         )
         return int(r) == 1
 
-    @script
+    @channelled
     async def requeue(
         self, assignment_id: str, retry_count: int | None, *, lost_at: LostAt = None
     ) -> str | None:
@@ -302,6 +303,7 @@ class AssignmentCommands(CommandsBase):
         replies = await self._transaction(
             self.dlq,
             [("XLEN", self.dlq), ("XADD", self.dlq, *trim, "*", *flat), ("XLEN", self.dlq)],
+            large=True,  # its write must not hold up the channel's other callers
         )
         for reply in replies:
             if isinstance(reply, BaseException):

@@ -7,8 +7,8 @@ import contextlib
 import contextvars
 import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 from redis import exceptions as rex
@@ -24,6 +24,9 @@ from ..exceptions import (
     StreamJobsError,
     WrongKeyType,
 )
+
+if TYPE_CHECKING:
+    from ._channel import Channel
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -165,7 +168,7 @@ async def _initialized(target: Any) -> None:
 
 
 def _translating(
-    in_script: bool, *, limited: bool = True
+    in_script: bool, *, limited: bool | Literal["off-channel"] = True
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
     def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -191,6 +194,8 @@ def _translating(
             # calls of the same task reuse it), so the connections a consumer opens
             # stay bounded however many of its streams act at once.
             limiter = getattr(args[0], "limiter", None) if limited and args else None
+            if limited == "off-channel" and getattr(args[0], "channel", None) is not None:
+                limiter = None  # its commands share the channel's connections
             if limiter is None or _HOLDING.get():
                 return await call(*args, **kwargs)
             async with limiter:
@@ -209,6 +214,11 @@ translated = _translating(in_script=False)
 """Decorator: run a coroutine of plain commands, translating redis-py exceptions."""
 script = _translating(in_script=True)
 """Decorator: like :func:`translated`, for a coroutine that runs one of our scripts."""
+channelled = _translating(in_script=True, limited="off-channel")
+"""Decorator: like :func:`script`, for a coroutine whose commands go on the command
+channel when the gateway has one, so it takes no command slot then: the channel's
+connections do not grow with the commands in flight. What such a coroutine sends
+elsewhere (a large read) takes a slot itself (``CommandsBase._slot``)."""
 blocking = _translating(in_script=False, limited=False)
 """Decorator: like :func:`translated`, for a blocking read, which takes no command
 slot (a long wait must not starve the others; the pool check counts these)."""
@@ -372,9 +382,43 @@ class CommandsBase:
     _is_cluster: bool
     last_ok: float | None
 
-    async def _transaction(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    @property
+    def channel(self) -> Channel | None:
+        """The command channel (docs/design.md#the-command-channel), set by a running
+        consumer; ``None``: every command goes through the client itself."""
+        return self.scripts.channel
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """Hold one of the consumer's command slots (one the task holds already is
+        reused), for a command sent outside the channel from a channelled method."""
+        limiter = self.limiter
+        if limiter is None or _HOLDING.get():
+            yield
+            return
+        async with limiter:
+            token = _HOLDING.set(True)
+            try:
+                yield
+            finally:
+                _HOLDING.reset(token)
+
+    async def _command(self, key: str, *command: Any, large: bool = False) -> Any:
+        """One command on ``key``'s slot: on the channel unless its reply may be large
+        (then on a pool connection, in a command slot). The reply may be unparsed."""
+        channel = self.channel
+        if channel is not None and not large:
+            return await channel.call(key, *command)
+        async with self._slot():
+            return await self.client.execute_command(*command)
+
+    async def _transaction(
+        self, key: str, commands: Sequence[tuple[Any, ...]], *, large: bool = False
+    ) -> list[Any]:
         """Run ``commands`` (all on ``key``'s slot) in one MULTI/EXEC; error replies are
         returned in place, as exceptions.
+
+        On the command channel when there is one, unless the reply may be ``large``.
 
         It goes raw over one connection of the pool (on a cluster, of the primary that
         holds ``key``'s slot): redis-py's cluster pipeline has no usable transactions
@@ -382,6 +426,13 @@ class CommandsBase:
         per-command parsing and bookkeeping cost more client time than the batch's own
         entries. Replies are then unparsed (what :func:`sized_entries` reads).
         """
+        channel = self.channel
+        if channel is not None and not large:
+            return _exec_replies(await channel.transaction(key, commands))
+        async with self._slot():
+            return await self._pool_transaction(key, commands)
+
+    async def _pool_transaction(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         if not hasattr(self.client, "get_node_from_key"):
             pool = self.client.connection_pool
             try:

@@ -76,6 +76,7 @@ class StreamGateway(Protocol):
         ack: Sequence[str],
         *,
         claim: bool = False,
+        reply_bytes: int = 0,
     ) -> ReadReply: ...
     async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None: ...
     async def release(

@@ -20,12 +20,14 @@ from ._boundary import (
     ReadReply,
     _stream_entries,
     blocking,
+    channelled,
     id_order,
     script,
     sized_entries,
     text,
     translate,
 )
+from ._channel import LARGE_REPLY_BYTES
 
 
 class StreamCommands(CommandsBase):
@@ -33,7 +35,7 @@ class StreamCommands(CommandsBase):
 
     # -- locks and data streams ----------------------------------------------------
 
-    @script
+    @channelled
     async def acquire(
         self, stream: str, token: str, ttl_ms: int, replace: str = "", job: str = ""
     ) -> int:
@@ -103,7 +105,7 @@ class StreamCommands(CommandsBase):
             raise RedisUnavailable("no lock could be extended: no primary answered")
         return out
 
-    @script
+    @channelled
     async def record_leases(self, ids: Sequence[str], ttl_ms: int, *, new: bool) -> None:
         """Write lease deadlines (server time + ``ttl_ms``) of assignment ids.
 
@@ -115,7 +117,7 @@ class StreamCommands(CommandsBase):
         if ids:
             await self._lease("own" if new else "update", "", ids, ttl_ms)
 
-    @script
+    @channelled
     async def take_leases(self, ids: Sequence[str], consumer: str, ttl_ms: int) -> list[bool]:
         """For each assignment id, whether it is still pending with ``consumer``; each one
         that is gets its lease (server time + ``ttl_ms``). One round trip for all of an
@@ -131,7 +133,7 @@ class StreamCommands(CommandsBase):
             args=[mode, ttl_ms, self.keys.group, consumer, *ids],
         )
 
-    @script
+    @channelled
     async def fenced_read(
         self,
         stream: str,
@@ -141,6 +143,7 @@ class StreamCommands(CommandsBase):
         ack: Sequence[str],
         *,
         claim: bool = False,
+        reply_bytes: int = 0,
     ) -> ReadReply:
         """Ack ``ack`` and read up to ``count`` entries, only if ``token`` holds the lock.
 
@@ -156,7 +159,11 @@ class StreamCommands(CommandsBase):
         Args:
             claim: the previous read returned claimed entries (``ReadReply.claimed``):
                 claim first, and read new entries only once nothing is pending.
+            reply_bytes: how large the entries read may be in all (the caller's
+                guess): past :data:`LARGE_REPLY_BYTES` they are read on a connection
+                of their own, not on the command channel.
         """
+        large = reply_bytes > LARGE_REPLY_BYTES
         lock = self.keys.lock(stream)
         group = self.keys.group
         cancel = self.keys.cancel(stream)
@@ -164,13 +171,13 @@ class StreamCommands(CommandsBase):
             r = await self.scripts.fence(keys=[lock, stream, cancel], args=[token, group, *ack])
             return ReadReply(int(r[0]) == 1, "0-0", [])
         if claim:
-            claimed = await self._claim(lock, stream, token, consumer, count, ack)
+            claimed = await self._claim(lock, stream, token, consumer, count, ack, large)
             if not claimed.owned or claimed.entries:
                 return claimed
             ack = ()
         for _ in range(3):
             fenced, read = await self._fence_and_read(
-                lock, stream, cancel, token, consumer, count, ack
+                lock, stream, cancel, token, consumer, count, ack, large
             )
             ack = ()
             if int(fenced[0]) != 1:
@@ -186,7 +193,7 @@ class StreamCommands(CommandsBase):
                     raise translate(read) from read
                 batch, largest = sized_entries(_stream_entries(read))
                 return ReadReply(True, "0-0" if batch else text(fenced[1]), batch, largest)
-            claimed = await self._claim(lock, stream, token, consumer, count, ())
+            claimed = await self._claim(lock, stream, token, consumer, count, (), large)
             if not claimed.owned or claimed.entries:
                 return claimed
         # Pending entries that vanished between claim and fetch: the caller reads again.
@@ -201,6 +208,7 @@ class StreamCommands(CommandsBase):
         consumer: str,
         count: int,
         ack: Sequence[str],
+        large: bool,
     ) -> tuple[Any, Any]:
         """MULTI, fence.lua, XREADGROUP, EXEC: ``(fence reply, read reply or error)``."""
         fence = self.scripts.fence
@@ -219,18 +227,25 @@ class StreamCommands(CommandsBase):
             ),
         ]
         for attempt in range(2):
-            fenced, read = await self._transaction(stream, commands)
+            fenced, read = await self._transaction(stream, commands, large=large)
             if not isinstance(fenced, rex.NoScriptError) or attempt:
                 break
             # A restarted or promoted server has no scripts: load it and go again (the
             # discarded read left its entries pending with us: the retry claims them).
-            await self.client.script_load(fence.script)
+            await self._command(stream, "SCRIPT", "LOAD", fence.script)
         if isinstance(fenced, BaseException):
             raise translate(fenced, in_script=True) from fenced
         return fenced, read
 
     async def _claim(
-        self, lock: str, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
+        self,
+        lock: str,
+        stream: str,
+        token: str,
+        consumer: str,
+        count: int,
+        ack: Sequence[str],
+        large: bool,
     ) -> ReadReply:
         r = await self.scripts.claim(
             keys=[lock, stream], args=[token, self.keys.group, consumer, count, *ack]
@@ -240,10 +255,10 @@ class StreamCommands(CommandsBase):
         ids = [text(i) for i in r[1]]
         if not ids:
             return ReadReply(True, "0-0", [])
-        batch, largest = sized_entries(await self._fetch_claimed(stream, ids))
+        batch, largest = sized_entries(await self._fetch_claimed(stream, ids, large))
         return ReadReply(True, "0-0", batch, largest, claimed=True)
 
-    async def _fetch_claimed(self, stream: str, ids: Sequence[str]) -> list[Any]:
+    async def _fetch_claimed(self, stream: str, ids: Sequence[str], large: bool) -> list[Any]:
         """The entries of claimed ``ids`` (ascending, as XAUTOCLAIM gives them), in order;
         one deleted since is left out.
 
@@ -253,19 +268,26 @@ class StreamCommands(CommandsBase):
         """
         wanted = set(ids)
         limit = len(ids) + _CLAIM_SPAN_SLACK
-        span = await self.client.xrange(stream, ids[0], ids[-1], count=limit)
+        span = await self._command(
+            stream, "XRANGE", stream, ids[0], ids[-1], "COUNT", limit, large=large
+        )
         found = {text(item[0]): item for item in span if text(item[0]) in wanted}
         rest: list[str] = []
         if len(span) >= limit:  # cut off: what lies past its last entry, one by one
             last = id_order(text(span[-1][0]))
             rest = [i for i in ids if i not in found and id_order(i) > last]
         if rest:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for entry_id in rest:
-                    pipe.xrange(stream, entry_id, entry_id, count=1)
-                for reply in await pipe.execute():
+            async with anyio.create_task_group() as tg:  # one write on the channel
+
+                async def fetch(entry_id: str) -> None:
+                    reply = await self._command(
+                        stream, "XRANGE", stream, entry_id, entry_id, "COUNT", 1, large=large
+                    )
                     if reply:
                         found[text(reply[0][0])] = reply[0]
+
+                for entry_id in rest:
+                    tg.start_soon(fetch, entry_id)
         return [found[i] for i in ids if i in found]
 
     @blocking
@@ -277,7 +299,7 @@ class StreamCommands(CommandsBase):
         """
         await self.client.xread({stream: after_id}, count=1, block=block_ms)
 
-    @script
+    @channelled
     async def complete(
         self,
         stream: str,
@@ -309,7 +331,7 @@ class StreamCommands(CommandsBase):
         )  # fmt: skip
         return int(r[0]) == 1, int(r[1]) == 1
 
-    @script
+    @channelled
     async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
         """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms)."""
         r = await self.scripts.release(
@@ -317,7 +339,7 @@ class StreamCommands(CommandsBase):
         )
         return int(r) == 1
 
-    @script
+    @channelled
     async def seal(
         self,
         stream: str,

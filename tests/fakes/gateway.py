@@ -870,6 +870,7 @@ class FakeGateway:
         ack: Sequence[str],
         *,
         claim: bool = False,
+        reply_bytes: int = 0,
     ) -> ReadReply:
         """fence.lua + XREADGROUP, or claim.lua + XRANGE: token check; XACK ``ack``;
         pending entries first (claimed from whoever holds them), else new ones; the

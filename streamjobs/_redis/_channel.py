@@ -1,0 +1,279 @@
+"""The command channel: the non-blocking commands of all of a consumer's stream tasks,
+coalesced onto one connection per node (docs/design.md#the-command-channel).
+
+A caller queues a command (or a ``MULTI`` block) on the link of the node that holds its
+key and waits for its reply. A link's pump takes a connection from the client's pool
+when the link gets busy, writes everything queued in one write, reads the replies in
+order and answers each caller, then writes what was queued meanwhile, and hands the
+connection back once nothing is left. So however many streams act at once, each node
+sees one connection and one write per round trip instead of one per command.
+
+Bounds: one batch carries at most :data:`MAX_BATCH_COMMANDS` commands and, past its
+first call, :data:`MAX_BATCH_BYTES` of arguments; the rest wait for the next batch.
+Blocking reads, and reads whose reply may be large, never come here (the gateway sends
+them on connections of their own), so one large reply does not hold up the others.
+
+Failures: an error reply fails its own caller only. A failed write or read (a dropped
+connection, a timeout) fails the batch in flight, whose commands may or may not have
+run, exactly as a lost reply on any connection; the connection is closed, and what is
+still queued goes out on a new one. Every step the runtime sends is safe to retry by
+design. A caller cancelled before its command is written leaves the queue; one
+cancelled after it was written has its reply read and dropped, so the connection stays
+in step. On a cluster, a command answered ``MOVED`` or ``ASK`` (its slot moved) is sent
+again through the user's cluster client, which follows the redirection and refreshes
+the slot table that routes the next ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis import exceptions as rex
+
+from ..exceptions import RedisUnavailable
+
+MAX_BATCH_COMMANDS = 512
+"""The most commands one write of a link carries."""
+MAX_BATCH_BYTES = 1024 * 1024
+"""The most argument bytes one write carries beyond its first call (a larger call goes
+alone)."""
+
+LARGE_REPLY_BYTES = 256 * 1024
+"""A read whose entries may be larger than this in all goes on a connection of its own."""
+
+Command = tuple[Any, ...]
+
+
+def _size(command: Command) -> int:
+    return sum(len(a) if isinstance(a, bytes | str) else 8 for a in command)
+
+
+def is_redirect(exc: BaseException) -> bool:
+    """The reply says the key's slot lives elsewhere (``MOVED`` or ``ASK``)."""
+    return isinstance(exc, rex.AskError) or (  # MovedError is an AskError
+        isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK "))
+    )
+
+
+class _Call:
+    """One caller's command, or ``MULTI`` block, and the future its reply goes to."""
+
+    __slots__ = ("commands", "future", "size", "transaction")
+
+    def __init__(self, commands: Sequence[Command], transaction: bool) -> None:
+        self.commands = commands
+        self.transaction = transaction
+        self.size = sum(map(_size, commands))
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+class _Link:
+    """One node: its queue, and the pump that drains it over one connection."""
+
+    def __init__(
+        self,
+        take: Callable[[], Any],
+        give: Callable[[Any], Any],
+        on_batch: Callable[[int], None],
+    ) -> None:
+        self.take = take
+        self.give = give
+        self._on_batch = on_batch
+        self._queue: deque[_Call] = deque()
+        self._pump: asyncio.Task[None] | None = None
+
+    async def submit(self, call: _Call) -> Any:
+        self._queue.append(call)
+        if self._pump is None:
+            # The pump's first step runs in the next turn of the event loop: everything
+            # queued in this turn goes in its first write.
+            self._pump = asyncio.get_running_loop().create_task(self._drain())
+        return await call.future
+
+    def _next_batch(self) -> list[_Call]:
+        batch: list[_Call] = []
+        commands = size = 0
+        queue = self._queue
+        while queue and commands < MAX_BATCH_COMMANDS:
+            call = queue[0]
+            if call.future.done():  # its caller was cancelled before it was written
+                queue.popleft()
+                continue
+            if batch and size + call.size > MAX_BATCH_BYTES:
+                break
+            queue.popleft()
+            batch.append(call)
+            commands += len(call.commands) + (2 if call.transaction else 0)
+            size += call.size
+        return batch
+
+    async def _drain(self) -> None:
+        connection: Any = None
+        try:
+            connection = await self.take()
+            while True:
+                batch = self._next_batch()
+                if not batch:
+                    # Let the callers just answered queue their next commands, so that
+                    # they share this connection's next write instead of a new pump's.
+                    await asyncio.sleep(0)
+                    batch = self._next_batch()
+                    if not batch:
+                        return
+                try:
+                    await self._send(connection, batch)
+                except Exception:
+                    continue  # the next batch reconnects
+        except BaseException as exc:
+            failure = exc if isinstance(exc, Exception) else RedisUnavailable("the channel stopped")
+            while self._queue:
+                self._queue.popleft().fail(failure)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._pump = None
+            if connection is not None:
+                await asyncio.shield(self.give(connection))
+
+    async def _send(self, connection: Any, batch: list[_Call]) -> None:
+        commands: list[Command] = []
+        for call in batch:
+            if call.transaction:
+                commands.append(("MULTI",))
+                commands.extend(call.commands)
+                commands.append(("EXEC",))
+            else:
+                commands.extend(call.commands)
+        self._on_batch(len(commands))
+        pending = iter(batch)
+        try:
+            await connection.send_packed_command(connection.pack_commands(commands))
+            for call in pending:
+                call_reply = await self._reply(connection, call)
+                if not call.future.done():
+                    if isinstance(call_reply, _Failed):
+                        call.future.set_exception(call_reply.error)
+                    else:
+                        call.future.set_result(call_reply)
+        except BaseException as exc:
+            # The connection is out of step (replies left unread): close it; the
+            # calls still waiting may or may not have run.
+            await asyncio.shield(connection.disconnect(nowait=True))
+            failure = exc if isinstance(exc, Exception) else RedisUnavailable("the channel stopped")
+            for call in batch:
+                call.fail(failure)
+            raise
+
+    @staticmethod
+    async def _reply(connection: Any, call: _Call) -> Any:
+        if not call.transaction:
+            try:
+                return await connection.read_response()
+            except rex.ResponseError as exc:
+                return _Failed(exc)
+        # MULTI's OK, a QUEUED per command, then EXEC's reply: the first error reply
+        # (a command refused when queued makes EXEC fail too) is the call's answer.
+        error: rex.ResponseError | None = None
+        reply: Any = None
+        for _ in range(len(call.commands) + 2):
+            try:
+                reply = await connection.read_response()
+            except rex.ResponseError as exc:
+                error = error or exc
+        return _Failed(error) if error is not None else reply
+
+
+class _Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Channel:
+    """Coalesces commands of many tasks onto one connection per node of ``client``.
+
+    Constructing it does no I/O. Replies are unparsed (no redis-py response callbacks),
+    decoded as the client's connections decode them.
+
+    Attributes:
+        batches: writes made so far.
+        commands: commands written so far (``MULTI`` and ``EXEC`` included).
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._cluster = hasattr(client, "get_node_from_key")
+        self._links: dict[str, _Link] = {}
+        self.batches = 0
+        self.commands = 0
+
+    def _count(self, commands: int) -> None:
+        self.batches += 1
+        self.commands += commands
+
+    def _link(self, key: str) -> _Link:
+        if not self._cluster:
+            link = self._links.get("")
+            if link is None:
+                pool = self.client.connection_pool
+
+                async def take() -> Any:
+                    try:
+                        return await pool.get_connection()
+                    except TypeError:  # redis-py before 5.3 wants a command name
+                        return await pool.get_connection("MULTI")
+
+                link = self._links[""] = _Link(take, pool.release, self._count)
+            return link
+        node = self.client.get_node_from_key(key)
+        link = self._links.get(node.name)
+        if link is None:
+            name = node.name
+            client = self.client
+
+            async def take_node() -> Any:
+                current = client.get_node(node_name=name) or node
+                connection = current.acquire_connection()
+                connection._streamjobs_node = current
+                return connection
+
+            async def give_node(connection: Any) -> None:
+                from ._boundary import _release
+
+                _release(connection._streamjobs_node, connection)
+
+            link = self._links[name] = _Link(take_node, give_node, self._count)
+        return link
+
+    async def call(self, key: str, *command: Any) -> Any:
+        """Run one command on the node of ``key``'s slot; its reply, or its error reply
+        raised (redis-py's exception classes, untranslated)."""
+        try:
+            return await self._link(key).submit(_Call((command,), False))
+        except rex.ResponseError as exc:
+            if not (self._cluster and is_redirect(exc)):
+                raise
+        return await self.client.execute_command(*command)
+
+    async def transaction(self, key: str, commands: Sequence[Command]) -> Any:
+        """MULTI, ``commands`` (all in ``key``'s slot), EXEC: EXEC's reply, unparsed (a
+        failed command's error in its place), or the first error reply raised."""
+        for attempt in range(2):
+            try:
+                return await self._link(key).submit(_Call(commands, True))
+            except rex.ResponseError as exc:
+                if attempt or not (self._cluster and is_redirect(exc)):
+                    raise
+            # Nothing ran (the block was refused where the slot no longer lives): a
+            # command through the cluster client follows the redirection and refreshes
+            # the slot table, then the block goes again.
+            await self.client.exists(key)
+        raise AssertionError("unreachable")
