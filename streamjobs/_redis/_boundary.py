@@ -194,8 +194,11 @@ def _translating(
             # calls of the same task reuse it), so the connections a consumer opens
             # stay bounded however many of its streams act at once.
             limiter = getattr(args[0], "limiter", None) if limited and args else None
-            if limited == "off-channel" and getattr(args[0], "channel", None) is not None:
-                limiter = None  # its commands share the channel's connections
+            if limited == "off-channel":
+                channel = getattr(args[0], "channel", None)
+                if channel is not None:  # its commands share the channel's connections
+                    async with channel.room:
+                        return await call(*args, **kwargs)
             if limiter is None or _HOLDING.get():
                 return await call(*args, **kwargs)
             async with limiter:

@@ -44,6 +44,12 @@ alone)."""
 LARGE_REPLY_BYTES = 256 * 1024
 """A read whose entries may be larger than this in all goes on a connection of its own."""
 
+MAX_IN_FLIGHT = 256
+"""The most gateway steps that use one channel at once (``Channel.room``); more wait
+their turn before building their commands. It bounds what a burst costs in memory:
+10,000 streams starting at once would otherwise hold every step's arguments, packed
+command and reply at the same moment, and the process keeps that peak."""
+
 Command = tuple[Any, ...]
 
 
@@ -212,6 +218,8 @@ class Channel:
         self.client = client
         self._cluster = hasattr(client, "get_node_from_key")
         self._links: dict[str, _Link] = {}
+        self.room = asyncio.Semaphore(MAX_IN_FLIGHT)
+        """Held by each gateway step on the channel (``_boundary.channelled``)."""
         self.batches = 0
         self.commands = 0
 

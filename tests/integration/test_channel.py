@@ -253,3 +253,26 @@ async def test_claimed_entries_are_fetched_over_the_channel(
     assert [f["n"] for _, f in claimed.entries] == [str(i) for i in expected]
     assert claimed.claimed
     assert channel.commands > before
+
+
+async def test_gateway_steps_wait_for_room_on_the_channel_before_building_commands(
+    redis: Any, uid: str, service: str
+) -> None:
+    gateway = Gateway(redis, Keys(service))
+    gateway.scripts.channel = channel = Channel(redis)
+    channel.room = asyncio.Semaphore(1)
+    stream = f"data:{uid}"
+    taken: list[int] = []
+
+    async def acquire() -> None:
+        taken.append(await gateway.acquire(stream, "me:1", 5000))
+
+    await channel.room.acquire()  # the one place is taken
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(acquire)
+        await anyio.wait_all_tasks_blocked()
+        assert channel.commands == 0  # nothing sent while there is no room
+        assert await redis.get(gateway.keys.lock(stream)) is None
+        channel.room.release()
+    assert taken == [1]
+    assert await redis.get(gateway.keys.lock(stream)) == b"me:1"
