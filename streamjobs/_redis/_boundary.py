@@ -336,14 +336,30 @@ def sized_entries(raw_entries: Sequence[Any] | None) -> tuple[list[Entry], int]:
     """Decode stream entries as redis-py parsed them (``(id, {field: value})`` pairs,
     or flat ``[f, v, ...]`` lists) and measure the largest one in bytes."""
     out: list[Entry] = []
+    append = out.append
     largest = 0
+    decode = bytes.decode
     for item in raw_entries or ():
         if not item or item[1] is None:  # an entry deleted after it was claimed
             continue
-        fields, size = _decoded(item[1])
+        entry_id, body = item
+        if type(body) is list and type(entry_id) is bytes and not len(body) & 1:
+            # The hot path, inlined: a raw reply of bytes. bytes.decode without
+            # arguments is CPython's fastest UTF-8 path; a value that is not UTF-8
+            # takes the general path.
+            try:
+                values = iter(map(decode, body))
+                fields = dict(zip(values, values, strict=False))  # length checked above
+            except (TypeError, ValueError):  # UnicodeDecodeError is a ValueError
+                fields, size = _decoded(body)
+            else:
+                size = sum(map(len, body))
+            append((decode(entry_id), fields))
+        else:
+            fields, size = _decoded(body)
+            append((text(entry_id), fields))
         if size > largest:
             largest = size
-        out.append((text(item[0]), fields))
     return out, largest
 
 

@@ -53,8 +53,29 @@ command and reply at the same moment, and the process keeps that peak."""
 Command = tuple[Any, ...]
 
 
-def _size(command: Command) -> int:
-    return sum(len(a) if isinstance(a, bytes | str) else 8 for a in command)
+def pack(commands: Sequence[Command], encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    """``commands`` in the Redis protocol (RESP), as redis-py's encoder would write them:
+    ``str`` in the client's encoding, ``int`` and ``float`` by ``repr``, ``bytes`` as
+    they are; ``bool`` and anything else refused (``DataError``)."""
+    parts: list[bytes] = []
+    append = parts.append
+    for command in commands:
+        append(b"*%d\r\n" % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is str:
+                arg = arg.encode(encoding, errors)
+            elif kind is not bytes:
+                if kind is bool or not isinstance(
+                    arg, int | float | bytes | bytearray | memoryview
+                ):
+                    raise rex.DataError(
+                        f"Invalid input of type: {kind.__name__!r}. "
+                        "Convert to a bytes, string, int or float first."
+                    )
+                arg = repr(arg).encode() if isinstance(arg, int | float) else bytes(arg)
+            append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
 
 
 def is_redirect(exc: BaseException) -> bool:
@@ -67,12 +88,12 @@ def is_redirect(exc: BaseException) -> bool:
 class _Call:
     """One caller's command, or ``MULTI`` block, and the future its reply goes to."""
 
-    __slots__ = ("commands", "future", "size", "transaction")
+    __slots__ = ("future", "packed", "replies", "transaction")
 
-    def __init__(self, commands: Sequence[Command], transaction: bool) -> None:
-        self.commands = commands
+    def __init__(self, packed: bytes, replies: int, transaction: bool) -> None:
+        self.packed = packed
+        self.replies = replies
         self.transaction = transaction
-        self.size = sum(map(_size, commands))
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def fail(self, exc: BaseException) -> None:
@@ -112,12 +133,12 @@ class _Link:
             if call.future.done():  # its caller was cancelled before it was written
                 queue.popleft()
                 continue
-            if batch and size + call.size > MAX_BATCH_BYTES:
+            if batch and size + len(call.packed) > MAX_BATCH_BYTES:
                 break
             queue.popleft()
             batch.append(call)
-            commands += len(call.commands) + (2 if call.transaction else 0)
-            size += call.size
+            commands += call.replies
+            size += len(call.packed)
         return batch
 
     async def _drain(self) -> None:
@@ -149,18 +170,10 @@ class _Link:
                 await asyncio.shield(self.give(connection))
 
     async def _send(self, connection: Any, batch: list[_Call]) -> None:
-        commands: list[Command] = []
-        for call in batch:
-            if call.transaction:
-                commands.append(("MULTI",))
-                commands.extend(call.commands)
-                commands.append(("EXEC",))
-            else:
-                commands.extend(call.commands)
-        self._on_batch(len(commands))
+        self._on_batch(sum(call.replies for call in batch))
         pending = iter(batch)
         try:
-            await connection.send_packed_command(connection.pack_commands(commands))
+            await connection.send_packed_command([call.packed for call in batch])
             for call in pending:
                 call_reply = await self._reply(connection, call)
                 if not call.future.done():
@@ -188,7 +201,7 @@ class _Link:
         # (a command refused when queued makes EXEC fail too) is the call's answer.
         error: rex.ResponseError | None = None
         reply: Any = None
-        for _ in range(len(call.commands) + 2):
+        for _ in range(call.replies):
             try:
                 reply = await connection.read_response()
             except rex.ResponseError as exc:
@@ -218,6 +231,9 @@ class Channel:
         self.client = client
         self._cluster = hasattr(client, "get_node_from_key")
         self._links: dict[str, _Link] = {}
+        encoder = client.get_encoder()
+        self._encoding: str = encoder.encoding
+        self._errors: str = encoder.encoding_errors
         self.room = asyncio.Semaphore(MAX_IN_FLIGHT)
         """Held by each gateway step on the channel (``_boundary.channelled``)."""
         self.batches = 0
@@ -265,7 +281,8 @@ class Channel:
         """Run one command on the node of ``key``'s slot; its reply, or its error reply
         raised (redis-py's exception classes, untranslated)."""
         try:
-            return await self._link(key).submit(_Call((command,), False))
+            packed = pack((command,), self._encoding, self._errors)
+            return await self._link(key).submit(_Call(packed, 1, False))
         except rex.ResponseError as exc:
             if not (self._cluster and is_redirect(exc)):
                 raise
@@ -276,7 +293,8 @@ class Channel:
         failed command's error in its place), or the first error reply raised."""
         for attempt in range(2):
             try:
-                return await self._link(key).submit(_Call(commands, True))
+                packed = pack([("MULTI",), *commands, ("EXEC",)], self._encoding, self._errors)
+                return await self._link(key).submit(_Call(packed, len(commands) + 2, True))
             except rex.ResponseError as exc:
                 if attempt or not (self._cluster and is_redirect(exc)):
                     raise

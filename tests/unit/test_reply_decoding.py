@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
 
 from streamjobs._redis import _stream_entries, sized_entries
+from streamjobs._redis._channel import pack
 
 RAW_RESP2: Any = [[b"s", [[b"1-0", [b"a", b"1", b"payload", b"xyz"]], [b"2-0", [b"b", b"22"]]]]]
 
@@ -49,3 +52,24 @@ def test_a_repeated_field_keeps_its_last_value_and_counts_every_byte() -> None:
 
 def test_an_entry_deleted_after_its_claim_is_skipped() -> None:
     assert sized_entries([(b"1-0", None), (b"2-0", [b"a", b"b"])])[0] == [("2-0", {"a": "b"})]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("EVALSHA", "a" * 40, 3, "k1", "k2", "k3", "tok", 30000, "", "1-0"),
+        ("XADD", b"s", "*", b"\xff\x00bin", "caf\u00e9", 1.5, -7),
+        ("PING",),
+    ],
+)
+def test_the_channel_packs_commands_as_redis_py_does(command: tuple[Any, ...]) -> None:
+    connection = Connection()
+    expected = b"".join(connection.pack_command(*command))
+    assert pack([command]) == expected
+    assert pack([command, command]) == expected * 2
+
+
+@pytest.mark.parametrize("bad", [True, None, object()])
+def test_the_channel_refuses_what_redis_py_refuses(bad: Any) -> None:
+    with pytest.raises(DataError):
+        pack([("SET", "k", bad)])
