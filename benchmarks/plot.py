@@ -131,7 +131,12 @@ def _pyplot() -> Any:
 
 def _subtitle(results: dict[str, Any]) -> str:
     about = results.get("machine", {})
-    return f"{about.get('date', '?')}, {about.get('cpus', '?')} CPUs, {about.get('server', '?')}"
+    server = str(about.get("server", "?"))
+    # "Redis server v=7.0.15 sha=... build=..." -> "Redis server 7.0.15": the title fits.
+    version = re.search(r"\bv=(\S+)", server)
+    if version:
+        server = f"{server.split(' v=')[0]} {version.group(1)}"
+    return f"{about.get('date', '?')}, {about.get('cpus', '?')} CPUs, {server}"
 
 
 def ratio_chart(results: dict[str, Any]) -> Figure:
