@@ -17,7 +17,8 @@ clusters), SIGKILL only if it has not exited 30 s later.
 ``hot_stream_cluster`` and ``many_streams_cluster`` run ``hot_stream`` and
 ``many_streams`` with ``--cluster``: on a private 3-primary + 3-replica Redis Cluster;
 ``idle_cost_500`` and ``idle_cost_2000`` run ``idle_cost`` with fewer streams, so that
-the idle cost can be drawn against the number of streams.
+the idle cost can be drawn against the number of streams; ``idle_cost_cluster`` runs it
+on a private cluster.
 
 ``--plot`` runs nothing: it draws the charts of ``DIR/results.json`` (an earlier run)
 into ``docs/img/benchmarks`` (``--charts DIR`` elsewhere), see benchmarks/plot.py.
@@ -58,6 +59,10 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
         ["--streams", "2000", "--liveness", "session"],
         ["--streams", "20", "--wakeups", "5", "--window-s", "0.5", "--liveness", "session"],
     ),
+    "idle_cost_cluster": (
+        ["--streams", "10000", "--liveness", "session", "--cluster"],
+        ["--streams", "20", "--wakeups", "5", "--window-s", "0.5", "--cluster"],
+    ),
     "scan_cost": ([], ["--assignments", "300", "--passes", "2"]),
     "big_entries": ([], ["--entries", "3", "--mb", "1"]),
     "status_cost": ([], ["--streams", "30", "--dead", "5", "--rounds", "2"]),
@@ -79,6 +84,7 @@ MODULES: dict[str, str] = {
     "many_streams_cluster": "many_streams",
     "idle_cost_500": "idle_cost",
     "idle_cost_2000": "idle_cost",
+    "idle_cost_cluster": "idle_cost",
 }
 
 TERM_GRACE_S = 30.0

@@ -87,13 +87,18 @@ def ratios(results: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]
     return ours, peers
 
 
-def idle_points(results: dict[str, Any]) -> list[tuple[int, dict[str, float]]]:
-    """(streams, {column: value}) per ``idle_cost*`` run, by number of streams."""
+def idle_points(
+    results: dict[str, Any], *, cluster: bool = False
+) -> list[tuple[int, dict[str, float]]]:
+    """(streams, {column: value}) per ``idle_cost*`` run, by number of streams: the
+    standalone runs, or those on a cluster (``--cluster``)."""
     points = []
     for scenario, run in _runs(results).items():
         if not scenario.startswith("idle_cost"):
             continue
         command = run["command"]
+        if ("--cluster" in command) != cluster:
+            continue
         streams = int(command[command.index("--streams") + 1]) if "--streams" in command else 2000
         row = run["tables"][0][-1]  # the last liveness measured (session by default)
         values = {k: number(v) for k, v in row.items() if k != "liveness"}
@@ -186,12 +191,17 @@ def idle_chart(results: dict[str, Any]) -> Figure:
     columns = ("RSS per stream", "Redis commands/s in the window", "connections")
     units = ("KiB per stream", "Redis commands/s", "connections")
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
-    xs = [p[0] for p in points]
+    series = [("standalone", points, "#3b6ea8")]
+    on_cluster = idle_points(results, cluster=True)
+    if on_cluster:
+        series.append(("3 + 3 cluster (busiest primary)", on_cluster, "#e67e22"))
     for ax, column, unit in zip(axes, columns, units, strict=True):
-        ys = [p[1].get(column, float("nan")) for p in points]
-        ax.plot(xs, ys, marker="o", color="#3b6ea8")
-        for x, y in zip(xs, ys, strict=True):
-            ax.annotate(f"{y:g}", (x, y), textcoords="offset points", xytext=(0, 6), fontsize=8)
+        for label, found, color in series:
+            xs = [p[0] for p in found]
+            ys = [p[1].get(column, float("nan")) for p in found]
+            ax.plot(xs, ys, marker="o", color=color, label=label)
+            for x, y in zip(xs, ys, strict=True):
+                ax.annotate(f"{y:g}", (x, y), textcoords="offset points", xytext=(0, 6), fontsize=8)
         if column in IDLE_TARGETS:
             ax.axhline(IDLE_TARGETS[column], color="#c0392b", lw=1, ls="--")
         ax.set_xscale("log")
@@ -201,6 +211,8 @@ def idle_chart(results: dict[str, Any]) -> Figure:
     axes[0].set_title("memory (red: target)")
     axes[1].set_title("Redis load (red: target)")
     axes[2].set_title("connections")
+    if len(series) > 1:
+        axes[2].legend(fontsize=8)
     fig.suptitle(f"Idle cost, default liveness: {_subtitle(results)}", fontsize=9)
     fig.tight_layout()
     return cast("Figure", fig)

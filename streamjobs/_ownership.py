@@ -100,6 +100,10 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         begun = False  # on_stream_start called
         backoff = Backoff()
         count = self._first_count()
+        # The largest entry of this stream's last batch: a read whose entries may be
+        # large goes on a connection of its own (docs/design.md#the-command-channel).
+        # Unknown before the first batch: a stream's first reads take the channel.
+        entry_bytes = 0
         idle_timeout_s = host.config.stream_idle_timeout_s
         active_at = time.monotonic()  # last time an entry (or the acquisition) came
         claim = False  # the last read returned pending entries: claim before reading new
@@ -121,7 +125,7 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                     count,
                     self.to_ack,
                     claim=claim,
-                    reply_bytes=count * host.entry_size_hint,
+                    reply_bytes=count * entry_bytes,
                 )
             except NoSuchGroup as exc:
                 return await self._vanished(exc)
@@ -146,6 +150,7 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                 return await self._cancel(reply.cancelled)
             if batch:
                 count = self._next_count(largest)
+                entry_bytes = largest
                 if self.assignment.run:
                     batch = self._run_entries(batch)
             if not begun:
@@ -276,7 +281,7 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                 return
             try:
                 waiter = host.waiter
-                if waiter is None:
+                if waiter is None or not waiter.usable:
                     await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
                 else:
                     fallback_s = host.config.read_block_ms / 1000

@@ -16,11 +16,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ._cluster_waiter import ClusterWaiter
 from ._coalesce import Coalescer
 from ._ownership import Hooks, OwnedStream, entry_caller
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
-from ._redis import StreamGateway
+from ._redis import Gateway, StreamGateway
 from ._session import new_incarnation, session_token
 from ._stats import Tally
 from ._stream_state import StreamState
@@ -91,7 +92,7 @@ class RuntimeState:
         )
         self.owned: dict[str, StreamState] = {}
         self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
-        self.waiter = (
+        self.waiter: Waiter | ClusterWaiter | None = (
             Waiter(
                 client,
                 gateway,
@@ -101,6 +102,14 @@ class RuntimeState:
                 streams=config.max_concurrent_streams,
             )
             if cluster_mode is ClusterMode.NONE and client is not None
+            else ClusterWaiter(
+                client,
+                gateway,
+                metrics=self.metrics,
+                service=self.service,
+                configure_flags=recovery.configure_keyspace_events,
+            )
+            if cluster_mode is ClusterMode.OSS and isinstance(gateway, Gateway)
             else None
         )
         self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back

@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 
 from . import _tracing
+from ._cluster_waiter import ClusterWaiter
 from ._pipeline import (
     Hooks,
 )
@@ -64,9 +65,9 @@ class Host(Protocol):
     service: str
     name: str
     entry_size_hint: int
-    waiter: Waiter | None
-    """The multiplexed idle wait (standalone servers), or None: each stream blocks
-    on a read of its own."""
+    waiter: Waiter | ClusterWaiter | None
+    """The shared idle wait (blocking reads on a standalone server, keyspace events on
+    an OSS cluster), or None: each stream blocks on a read of its own."""
     """Bytes of the largest entry in the last batch any stream read: sizes first reads."""
     session_confirmed_at: float | None
     """Under ``Liveness.SESSION``: when (monotonic) the call that last renewed the

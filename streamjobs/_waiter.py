@@ -244,6 +244,11 @@ class Waiter:
         ]
 
     @property
+    def usable(self) -> bool:
+        """Streams may wait here (always: a failing shard shortens their timeouts)."""
+        return True
+
+    @property
     def shards(self) -> int:
         return len(self._shards)
 

@@ -222,6 +222,8 @@ channelled = _translating(in_script=True, limited="off-channel")
 channel when the gateway has one, so it takes no command slot then: the channel's
 connections do not grow with the commands in flight. What such a coroutine sends
 elsewhere (a large read) takes a slot itself (``CommandsBase._slot``)."""
+channelled_command = _translating(in_script=False, limited="off-channel")
+"""Decorator: like :func:`channelled`, for a coroutine of plain commands."""
 blocking = _translating(in_script=False, limited=False)
 """Decorator: like :func:`translated`, for a blocking read, which takes no command
 slot (a long wait must not starve the others; the pool check counts these)."""

@@ -11,7 +11,9 @@ from .._wire import (
 from ._boundary import (
     _CURSOR_KEEP_MS,
     CommandsBase,
+    channelled_command,
     script,
+    sized_entries,
     text,
     translated,
 )
@@ -23,13 +25,12 @@ from ._protocol import (
 class LivenessCommands(CommandsBase):
     """Whether a holder is alive: lock state, sessions, the sweeps, the scan lease."""
 
-    @translated
+    @channelled_command
     async def is_end_marker(self, stream: str, entry_id: str) -> bool:
         """True if entry ``entry_id`` of ``stream`` is the end-of-stream marker."""
-        reply = await self.client.xrange(stream, entry_id, entry_id, count=1)
-        if not reply:
-            return False
-        return is_eos({text(k): text(v) for k, v in (reply[0][1] or {}).items()})
+        reply = await self._command(stream, "XRANGE", stream, entry_id, entry_id, "COUNT", 1)
+        entries, _ = sized_entries(reply)
+        return bool(entries) and is_eos(entries[0][1])
 
     @translated
     async def lock_exists(self, stream: str) -> bool:
@@ -95,25 +96,28 @@ class LivenessCommands(CommandsBase):
         r = await self.scripts.sweep(keys=[self.keys.sessions], args=[0, limit, recheck_ms])
         return [(text(r[i]), int(float(text(r[i + 1])))) for i in range(0, len(r), 2)]
 
-    @translated
+    @channelled_command
     async def lock_and_cancel(self, stream: str) -> tuple[str | None, str | None]:
         """The token in ``stream``'s lock and the reason in its cancel marker (None where
         there is none): one MGET, both keys being in the stream's slot."""
-        token, reason = await self.client.mget(self.keys.lock(stream), self.keys.cancel(stream))
+        lock = self.keys.lock(stream)
+        token, reason = await self._command(lock, "MGET", lock, self.keys.cancel(stream))
         return (None if token is None else text(token), None if reason is None else text(reason))
 
-    @translated
+    @channelled_command
     async def lock_and_ended(self, stream: str) -> tuple[str | None, str | None]:
         """The token in ``stream``'s lock and the job its ended-job marker names (None
         where there is none): one MGET, both keys being in the stream's slot."""
-        token, ended = await self.client.mget(self.keys.lock(stream), self.keys.ended(stream))
+        lock = self.keys.lock(stream)
+        token, ended = await self._command(lock, "MGET", lock, self.keys.ended(stream))
         job = None if ended is None else text(ended).partition(" ")[2]
         return (None if token is None else text(token), job)
 
-    @translated
+    @channelled_command
     async def lock_holder(self, stream: str) -> str | None:
         """The token in ``stream``'s lock, or None if there is no lock."""
-        token = await self.client.get(self.keys.lock(stream))
+        lock = self.keys.lock(stream)
+        token = await self._command(lock, "GET", lock)
         return None if token is None else text(token)
 
     @script

@@ -290,6 +290,19 @@ class StreamCommands(CommandsBase):
                     tg.start_soon(fetch, entry_id)
         return [found[i] for i in ids if i in found]
 
+    @channelled
+    async def newer_than(self, stream: str, after_id: str) -> bool:
+        """Whether ``stream`` has an entry newer than ``after_id``, or no longer exists
+        (the check after an idle stream's keyspace subscription, on a cluster)."""
+        exists, newer = await self._transaction(
+            stream,
+            [("EXISTS", stream), ("XREVRANGE", stream, "+", f"({after_id}", "COUNT", 1)],
+        )
+        for reply in (exists, newer):
+            if isinstance(reply, BaseException):
+                raise translate(reply) from reply
+        return int(exists) == 0 or bool(newer)
+
     @blocking
     async def wait_for_entries(self, stream: str, after_id: str, block_ms: int) -> None:
         """Block until ``stream`` has an entry newer than ``after_id`` or ``block_ms`` pass.

@@ -56,3 +56,13 @@ def test_many_streams_on_the_cluster() -> None:
     assert "| round | bare entries/s | streamjobs entries/s | ratio streamjobs/bare |" in out
     assert re.search(rf"^\| 1 \| {ROW}$", out, re.MULTILINE), out
     assert re.search(r"^median ratio streamjobs/bare: \d+\.\d{3}$", out, re.MULTILINE), out
+
+
+@pytest.mark.usefixtures("require_cluster_binaries")
+def test_idle_cost_on_the_cluster() -> None:
+    args = ["--streams", "20", "--wakeups", "5", "--window-s", "0.5", "--liveness", "session"]
+    out = run_benchmark("idle_cost", *args, "--cluster")
+    assert "20 idle streams owned by one consumer (lock TTL 10 s, 3 + 3 cluster" in out, out
+    row = re.search(r"^\| session, cluster \| (\d+) \| ", out, re.MULTILINE)
+    assert row is not None, out
+    assert int(row.group(1)) <= 20  # the busiest primary's connections, not one per stream

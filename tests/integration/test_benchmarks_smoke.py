@@ -154,13 +154,15 @@ def test_the_runner_writes_json_and_markdown(require_redis_server: str, tmp_path
 
 
 def test_the_runner_runs_the_cluster_scenarios_with_cluster() -> None:
-    """``hot_stream_cluster`` and ``many_streams_cluster`` are their modules with
+    """``hot_stream_cluster``, ``many_streams_cluster`` and ``idle_cost_cluster`` are
+    their modules with
     ``--cluster``, at both sizes (no server needed: nothing is run)."""
     from benchmarks import __main__ as runner
 
     for scenario, module in (
         ("hot_stream_cluster", "hot_stream"),
         ("many_streams_cluster", "many_streams"),
+        ("idle_cost_cluster", "idle_cost"),
     ):
         assert runner.MODULES[scenario] == module
         assert (ROOT / "benchmarks" / f"{module}.py").is_file()

@@ -424,6 +424,9 @@ def _three_steps(redis: Any) -> ClusterMode:
     return ClusterMode.OSS if hasattr(redis, "get_node_from_key") else ClusterMode.PROXY
 
 
+_REPLACE = "redis.call('DEL', KEYS[1]); return redis.call('SET', KEYS[1], ARGV[1])"
+
+
 class _CannotRelease(Gateway):
     """Real Redis, but every ``release`` fails: as an owner killed after its assignment
     went and before its lock did."""
@@ -467,8 +470,9 @@ async def test_a_lock_left_after_its_assignment_went_lives_only_the_short_ttl(
             await eventually(lambda: _true(len(c.handled) == 1))
             # Unusable while owned: its next read fails for good, the assignment goes
             # to the dead-letter stream.
-            await redis.delete(stream)
-            await redis.set(stream, "not a stream")
+            # Replaced at once (one script), so that its owner's next read meets the
+            # string, whichever wait woke it.
+            await redis.eval(_REPLACE, 1, stream, "not a stream")
         await eventually(assignment_gone_lock_left)
         ttl = await redis.pttl(keys.lock(stream))
         assert 0 < ttl <= 1000, f"the lock keeps {ttl} ms (lock_ttl_s is 1 s)"
