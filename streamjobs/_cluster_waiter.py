@@ -230,13 +230,13 @@ class ClusterWaiter:
             self._tg.start_soon(self.check_gap, stream)  # type: ignore[union-attr]
         node.streams.add(stream)
         node.changed()
+        loop = asyncio.get_running_loop()
+        timer = None if math.isinf(timeout_s) else loop.call_later(timeout_s, entry.wake)
         try:
-            if math.isinf(timeout_s):
-                await entry.woken
-            else:
-                with anyio.move_on_after(timeout_s):
-                    await entry.woken
+            await entry.woken
         finally:
+            if timer is not None:
+                timer.cancel()
             if self._waiting.get(stream) is entry:
                 del self._waiting[stream]
                 current = self.nodes.get(entry.node)
@@ -252,6 +252,7 @@ class ClusterWaiter:
         return fallback_s
 
     def wake(self, stream: str) -> None:
+        """End ``stream``'s wait now, if it waits."""
         entry = self._waiting.get(stream)
         if entry is not None:
             entry.wake()

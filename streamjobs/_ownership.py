@@ -276,25 +276,39 @@ class OwnedStream(StreamAcquisition, StreamEndings):
 
     async def _wait_for_entries(self, top: str, longest_s: float = math.inf) -> None:
         host = self.host
+        waiter = host.waiter
+        if waiter is not None and waiter.usable:
+            # No cancel scope per idle stream (about 0.6 KiB each): what must end the
+            # wait early (shutdown, finish(), a loss) wakes it through the waiter
+            # (StreamState._end_wait). Nothing awaits between the check and the
+            # registration, so no such call can fall between them.
+            if self._stopping() or self.finish_requested:
+                return
+            fallback_s = host.config.read_block_ms / 1000
+            timeout_s = min(longest_s, waiter.idle_timeout_s(self.stream, fallback_s))
+            self._idle_waiter = waiter
+            try:
+                await waiter.wait(self.stream, top, timeout_s)
+            except Exception as exc:
+                await self._wait_failed(exc)
+            finally:
+                self._idle_waiter = None
+            return
         with anyio.CancelScope() as self._wait_scope:
             if self._stopping() or self.finish_requested:
                 return
             try:
-                waiter = host.waiter
-                if waiter is None or not waiter.usable:
-                    await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
-                else:
-                    fallback_s = host.config.read_block_ms / 1000
-                    timeout_s = min(longest_s, waiter.idle_timeout_s(self.stream, fallback_s))
-                    # This scope's deadline, not one more scope per idle stream.
-                    self._wait_scope.deadline = anyio.current_time() + timeout_s
-                    await waiter.wait(self.stream, top, math.inf)
+                await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
             except Exception as exc:
-                host.metrics.loop_error(host.service, "stream")
-                delay = Backoff().next_delay()
-                log_failure(self.log, f"stream {self.stream!r}: waiting for entries", exc, delay)
-                await anyio.sleep(delay)
+                await self._wait_failed(exc)
         self._wait_scope = None
+
+    async def _wait_failed(self, exc: Exception) -> None:
+        host = self.host
+        host.metrics.loop_error(host.service, "stream")
+        delay = Backoff().next_delay()
+        log_failure(self.log, f"stream {self.stream!r}: waiting for entries", exc, delay)
+        await anyio.sleep(delay)
 
     async def _lease_valid(self) -> bool:
         """True if the next entry may be handed to ``handle()``.

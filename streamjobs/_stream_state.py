@@ -148,6 +148,8 @@ class StreamState:
         self._changed: anyio.Event | None = None
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
+        self._idle_waiter: Waiter | ClusterWaiter | None = None
+        """The shared idle wait this stream waits on now, if it does."""
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
 
     @property
@@ -188,15 +190,13 @@ class StreamState:
 
     def interrupt(self) -> None:
         """Shutdown began: stop waiting for entries and stop after the current one."""
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
+        self._end_wait()
         self._notify()
 
     def request_finish(self) -> None:
         """``finish()``: end after the current entry, or now if waiting for entries."""
         self.finish_requested = True
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
+        self._end_wait()
 
     def cancel(self) -> None:
         """The grace period is over: cancel whatever runs (the hand-back still runs)."""
@@ -208,8 +208,7 @@ class StreamState:
             return
         self.lost = True
         self.to_ack = []  # a disowned consumer acks nothing
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
+        self._end_wait()
         self._notify()
         host = self.host
         host.metrics.stream_event(host.service, StreamEvent.LOST)
@@ -217,6 +216,13 @@ class StreamState:
         _tracing.mark("streamjobs.stream_lost", self.log_extra())
         # Reported now, not when the in-flight handler returns (it may run for long).
         host.spawn(self._report_lost)
+
+    def _end_wait(self) -> None:
+        """End the stream's wait for entries, if it waits (shutdown, finish, loss)."""
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        if self._idle_waiter is not None:
+            self._idle_waiter.wake(self.stream)
 
     def _notify(self) -> None:
         """Wake every waiter on this stream's state (lease, lost, shutdown)."""
