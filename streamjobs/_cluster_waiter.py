@@ -68,10 +68,10 @@ _CHANNEL = "__keyspace@0__:"
 class _Wait:
     __slots__ = ("after_id", "node", "woken")
 
-    def __init__(self, after_id: str, node: str) -> None:
+    def __init__(self, after_id: str, node: str, woken: asyncio.Future[None] | None) -> None:
         self.after_id = after_id
         self.node = node
-        self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.woken = woken if woken is not None else asyncio.get_running_loop().create_future()
 
     def wake(self) -> None:
         if not self.woken.done():
@@ -218,11 +218,20 @@ class ClusterWaiter:
             self._tg.start_soon(found.run)
         return found
 
-    async def wait(self, stream: str, after_id: str, timeout_s: float) -> None:
-        """Return once ``stream`` has (probably) an entry newer than ``after_id``, or
-        after ``timeout_s``."""
+    async def wait(
+        self,
+        stream: str,
+        after_id: str,
+        timeout_s: float,
+        woken: asyncio.Future[None] | None = None,
+    ) -> None:
+        """Return once ``stream`` has (probably) an entry newer than ``after_id``, after
+        ``timeout_s``, or once ``woken`` (the wait's own future) is resolved."""
         node = self._node(stream)
-        entry = _Wait(after_id, node.name)
+        entry = _Wait(after_id, node.name, woken)
+        displaced = self._waiting.get(stream)
+        if displaced is not None:  # a stale wait on the same name reads again
+            displaced.wake()
         self._waiting[stream] = entry
         if stream in node.subscribed:
             # Still subscribed (a wake-up that found nothing new, re-waiting before the
@@ -252,7 +261,7 @@ class ClusterWaiter:
         return fallback_s
 
     def wake(self, stream: str) -> None:
-        """End ``stream``'s wait now, if it waits."""
+        """Wake ``stream``'s wait, if it waits (its stream was written to)."""
         entry = self._waiting.get(stream)
         if entry is not None:
             entry.wake()

@@ -18,6 +18,7 @@ the stream, so a cancelled consumer leaves no lock or lease of its own behind.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -279,20 +280,20 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         waiter = host.waiter
         if waiter is not None and waiter.usable:
             # No cancel scope per idle stream (about 0.6 KiB each): what must end the
-            # wait early (shutdown, finish(), a loss) wakes it through the waiter
+            # wait early (shutdown, finish(), a loss) resolves this wait's own future
             # (StreamState._end_wait). Nothing awaits between the check and the
             # registration, so no such call can fall between them.
             if self._stopping() or self.finish_requested:
                 return
             fallback_s = host.config.read_block_ms / 1000
             timeout_s = min(longest_s, waiter.idle_timeout_s(self.stream, fallback_s))
-            self._idle_waiter = waiter
+            self._idle_wake = asyncio.get_running_loop().create_future()
             try:
-                await waiter.wait(self.stream, top, timeout_s)
+                await waiter.wait(self.stream, top, timeout_s, self._idle_wake)
             except Exception as exc:
                 await self._wait_failed(exc)
             finally:
-                self._idle_waiter = None
+                self._idle_wake = None
             return
         with anyio.CancelScope() as self._wait_scope:
             if self._stopping() or self.finish_requested:

@@ -4,6 +4,7 @@ acquisition in ``_stream_acquire``, its endings in ``_stream_end``)."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
@@ -148,8 +149,8 @@ class StreamState:
         self._changed: anyio.Event | None = None
         self._scope = anyio.CancelScope()
         self._wait_scope: anyio.CancelScope | None = None
-        self._idle_waiter: Waiter | ClusterWaiter | None = None
-        """The shared idle wait this stream waits on now, if it does."""
+        self._idle_wake: asyncio.Future[None] | None = None
+        """What ends this stream's wait on the shared idle wait, while it waits."""
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
 
     @property
@@ -221,8 +222,9 @@ class StreamState:
         """End the stream's wait for entries, if it waits (shutdown, finish, loss)."""
         if self._wait_scope is not None:
             self._wait_scope.cancel()
-        if self._idle_waiter is not None:
-            self._idle_waiter.wake(self.stream)
+        wake = self._idle_wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def _notify(self) -> None:
         """Wake every waiter on this stream's state (lease, lost, shutdown)."""

@@ -118,11 +118,22 @@ class _Shard:
         """A read finished recently: registered streams will be woken."""
         return time.monotonic() - self._last_read_ok < self._block_ms / 1000 + 5.0
 
-    async def wait(self, stream: str, after_id: str, timeout_s: float) -> None:
+    async def wait(
+        self,
+        stream: str,
+        after_id: str,
+        timeout_s: float,
+        woken: asyncio.Future[None] | None = None,
+    ) -> None:
         """Return once ``stream`` has an entry newer than ``after_id`` (as far as the
-        waiter knows), or after ``timeout_s``."""
+        waiter knows), after ``timeout_s``, or once ``woken`` is resolved."""
         loop = asyncio.get_running_loop()
-        entry = _Wait(after_id, loop.create_future())
+        entry = _Wait(after_id, woken if woken is not None else loop.create_future())
+        displaced = self._waiting.get(stream)
+        if displaced is not None:
+            # Two waits on one name (a stale owner of an earlier job, not yet told):
+            # the earlier one reads again rather than sleep out its timer.
+            displaced.wake()
         self._waiting[stream] = entry
         self._generation += 1
         self._nudge()
@@ -135,11 +146,6 @@ class _Shard:
                 timer.cancel()
             if self._waiting.get(stream) is entry:
                 del self._waiting[stream]
-
-    def wake(self, stream: str) -> None:
-        entry = self._waiting.get(stream)
-        if entry is not None:
-            entry.wake()
 
     def _nudge(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -261,14 +267,18 @@ class Waiter:
     def _shard(self, stream: str) -> _Shard:
         return self._shards[zlib.crc32(stream.encode()) % len(self._shards)]
 
-    async def wait(self, stream: str, after_id: str, timeout_s: float) -> None:
+    async def wait(
+        self,
+        stream: str,
+        after_id: str,
+        timeout_s: float,
+        woken: asyncio.Future[None] | None = None,
+    ) -> None:
         """Return once ``stream`` has an entry newer than ``after_id`` (as far as the
-        waiter knows), or after ``timeout_s``."""
-        await self._shard(stream).wait(stream, after_id, timeout_s)
-
-    def wake(self, stream: str) -> None:
-        """End ``stream``'s wait now, if it waits (its owner must stop waiting)."""
-        self._shard(stream).wake(stream)
+        waiter knows), after ``timeout_s``, or once ``woken`` is resolved: what its
+        owner resolves to end the wait early (shutdown, finish, a loss). The future
+        is the wait's own, so another wait on the same name is never woken by it."""
+        await self._shard(stream).wait(stream, after_id, timeout_s, woken)
 
     def idle_timeout_s(self, stream: str, fallback_s: float) -> float:
         """How long ``stream`` may wait here before reading again by itself."""

@@ -4,14 +4,19 @@ any of them still wakes it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
 from redis.asyncio import Redis as AsyncRedis
 
-from streamjobs import ConsumerConfig, Producer
+from streamjobs import ConsumerConfig, NullRecorder, Producer
+from streamjobs._keys import Keys
+from streamjobs._redis import Gateway
+from streamjobs._waiter import Waiter
 from tests.harness.plugin import RedisServerFactory
 
 from ._helpers import Recorder, eventually
@@ -66,3 +71,50 @@ async def test_three_hundred_idle_streams_share_one_read_and_still_wake(
     finally:
         await client.aclose()
         await admin.aclose()
+
+
+async def test_a_wait_ends_by_its_own_future_and_a_second_wait_on_a_name_displaces_the_first(
+    redis_url: str, service: str, uid: str
+) -> None:
+    """Each wait has its own future: resolving it ends that wait only (shutdown,
+    finish() and a loss end a stream's wait this way), and a second wait on the same
+    name (a stale owner of an earlier job beside the new one) wakes the first rather
+    than leave it to sleep out its timer."""
+    client = AsyncRedis.from_url(redis_url)
+    gateway = Gateway(client, Keys(service))
+    waiter = Waiter(client, gateway, block_ms=200, metrics=NullRecorder(), service=service)
+    stream = f"wait:{uid}"
+    try:
+        # The stream exists and has nothing newer than ``last``: only a wake ends a
+        # wait (the waiter wakes the waits of streams that do not exist).
+        last = (await client.xadd(stream, {"n": "0"})).decode()
+        async with anyio.create_task_group() as tg:
+            await tg.start(waiter.run)
+            loop = asyncio.get_running_loop()
+            mine: asyncio.Future[None] = loop.create_future()
+            other: asyncio.Future[None] = loop.create_future()
+            ended: list[str] = []
+
+            async def wait(name: str, woken: asyncio.Future[None]) -> None:
+                await waiter.wait(stream, last, 60.0, woken)
+                ended.append(name)
+
+            tg.start_soon(wait, "first", mine)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(wait, "second", other)
+            with anyio.fail_after(2):
+                await _until(lambda: ended == ["first"])  # displaced: it reads again
+            await anyio.sleep(0.3)  # more than a blocking read: nothing else ends
+            assert ended == ["first"]
+            other.set_result(None)  # its owner ends it
+            with anyio.fail_after(2):
+                await _until(lambda: ended == ["first", "second"])
+            tg.cancel_scope.cancel()
+    finally:
+        await client.delete(stream)
+        await client.aclose()
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():  # noqa: ASYNC110 - a plain list the waits append to
+        await anyio.sleep(0.01)
