@@ -35,8 +35,8 @@ import anyio
 import anyio.abc
 
 from ._guard import LoopGuard
-from ._notifications import ensure_keyspace_events, node_client
-from ._redis import Addr, Gateway, text
+from ._notifications import cause, ensure_keyspace_events, node_client
+from ._redis import Addr, Gateway, text, translate
 from ._waiter import IDLE_RECHECK_S
 from .exceptions import RedisUnavailable
 from .metrics import MetricsRecorder
@@ -101,7 +101,11 @@ class _Node:
             while True:
                 try:
                     await self._serve()
-                except Exception as exc:
+                except Exception as raised:
+                    # A dropped subscription (its primary killed or failed over) comes
+                    # wrapped by the task group, from redis-py: a Redis failure like any
+                    # other, logged in one line.
+                    exc = translate(cause(raised))
                     self.up = False
                     for stream in list(self.streams):  # they read by themselves meanwhile
                         owner.wake(stream)

@@ -124,3 +124,48 @@ async def test_a_clean_stop_whose_final_close_fails_still_ends_cleanly(
     )
     await cli.run_worker(ns)  # returns: the close's TimeoutError is not raised
     assert _ClosingFails.closed == closed + 1
+
+
+async def test_a_dropped_idle_wait_subscription_is_a_one_line_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A primary killed under the cluster waiter drops its pub/sub connection: redis-py's
+    ConnectionError reaches the node's loop wrapped in the task group's exception
+    group. The cluster soak logged it as an unexpected ERROR with its traceback; it is
+    a Redis failure like any other, and its streams are woken to read by themselves."""
+    from streamjobs import _cluster_waiter
+
+    calls = 0
+    again = anyio.Event()
+
+    async def serve(self: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ExceptionGroup(
+                "unhandled errors in a TaskGroup",
+                [redis.exceptions.ConnectionError("Connection closed by server.")],
+            )
+        again.set()  # it carries on: a second subscription
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(_cluster_waiter._Node, "_serve", serve)
+    no_gateway: Any = None  # the node's loop never reaches it here
+    waiter = _cluster_waiter.ClusterWaiter(
+        _Cluster(), no_gateway, metrics=NullRecorder(), service="svc"
+    )
+    node = _cluster_waiter._Node(waiter, "n1", NODES[0])
+    node.streams.add("s")
+    woken = anyio.Event()
+    monkeypatch.setattr(waiter, "wake", lambda stream: woken.set())
+    with caplog.at_level("DEBUG", logger="streamjobs._cluster_waiter"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node.run)
+            with anyio.fail_after(5):
+                await woken.wait()
+                await again.wait()
+            tg.cancel_scope.cancel()
+    [record] = [r for r in caplog.records if r.name == "streamjobs._cluster_waiter"]
+    assert record.levelname == "WARNING"
+    assert "ConnectionError: Connection closed by server." in record.getMessage()
+    assert record.exc_info is None
