@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -37,7 +37,7 @@ import anyio.abc
 from ._guard import LoopGuard
 from ._notifications import cause, ensure_keyspace_events, node_client
 from ._redis import Addr, Gateway, text, translate
-from ._waiter import IDLE_RECHECK_S
+from ._waiter import IDLE_RECHECK_S, Wait, register, until_woken
 from .exceptions import RedisUnavailable
 from .metrics import MetricsRecorder
 
@@ -65,17 +65,10 @@ _DEBOUNCE_S = 0.002
 _CHANNEL = "__keyspace@0__:"
 
 
-class _Wait:
-    __slots__ = ("after_id", "node", "woken")
-
-    def __init__(self, after_id: str, node: str, woken: asyncio.Future[None] | None) -> None:
-        self.after_id = after_id
-        self.node = node
-        self.woken = woken if woken is not None else asyncio.get_running_loop().create_future()
-
-    def wake(self) -> None:
-        if not self.woken.done():
-            self.woken.set_result(None)
+@dataclass(slots=True, eq=False)
+class _Wait(Wait):
+    node: str
+    """The primary whose subscription it waits on (by node name)."""
 
 
 class _Node:
@@ -232,24 +225,19 @@ class ClusterWaiter:
         """Return once ``stream`` has (probably) an entry newer than ``after_id``, after
         ``timeout_s``, or once ``woken`` (the wait's own future) is resolved."""
         node = self._node(stream)
-        entry = _Wait(after_id, node.name, woken)
-        displaced = self._waiting.get(stream)
-        if displaced is not None:  # a stale wait on the same name reads again
-            displaced.wake()
-        self._waiting[stream] = entry
+        if woken is None:
+            woken = asyncio.get_running_loop().create_future()
+        entry = _Wait(after_id, woken, node.name)
+        register(self._waiting, stream, entry)
         if stream in node.subscribed:
             # Still subscribed (a wake-up that found nothing new, re-waiting before the
             # unsubscription): no confirmation comes, so the gap is checked now.
             self._tg.start_soon(self.check_gap, stream)  # type: ignore[union-attr]
         node.streams.add(stream)
         node.changed()
-        loop = asyncio.get_running_loop()
-        timer = None if math.isinf(timeout_s) else loop.call_later(timeout_s, entry.wake)
         try:
-            await entry.woken
+            await until_woken(entry, timeout_s)
         finally:
-            if timer is not None:
-                timer.cancel()
             if self._waiting.get(stream) is entry:
                 del self._waiting[stream]
                 current = self.nodes.get(entry.node)

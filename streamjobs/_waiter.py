@@ -26,7 +26,7 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -69,15 +69,43 @@ def shard_count(streams: int) -> int:
 
 
 @dataclass(slots=True, eq=False)
-class _Wait:
+class Wait:
+    """One stream's wait, in either shared idle wait (this one, ``_cluster_waiter``)."""
+
     after_id: str
     woken: asyncio.Future[None]
-    """Resolved when the stream has entries: a bare future, since every idle stream
-    holds one (an ``anyio.Event`` costs about 0.9 KiB, a future 0.15 KiB)."""
+    """Resolved when the stream has entries, its timer ran out or its owner ends the
+    wait: a bare future, since every idle stream holds one (an ``anyio.Event`` costs
+    about 0.9 KiB, a future 0.15 KiB)."""
 
     def wake(self) -> None:
-        if not self.woken.done():  # a wait that ended by timeout cancelled it
+        if not self.woken.done():
             self.woken.set_result(None)
+
+
+W = TypeVar("W", bound=Wait)
+
+
+def register(waiting: dict[str, W], stream: str, entry: W) -> None:
+    """Make ``entry`` the wait of ``stream``. Two waits on one name (a stale owner of
+    an earlier job, not yet told): the earlier one reads again rather than sleep out
+    its timer."""
+    displaced = waiting.get(stream)
+    if displaced is not None:
+        displaced.wake()
+    waiting[stream] = entry
+
+
+async def until_woken(entry: Wait, timeout_s: float) -> None:
+    """Wait until ``entry`` is woken, ``timeout_s`` at the latest: a timer, not a
+    cancel scope, since every idle stream holds one (0.1 KiB, not 0.6)."""
+    loop = asyncio.get_running_loop()
+    timer = None if math.isinf(timeout_s) else loop.call_later(timeout_s, entry.wake)
+    try:
+        await entry.woken
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 class _Shard:
@@ -104,7 +132,7 @@ class _Shard:
         self._block_ms = block_ms
         self._metrics = metrics
         self._service = service
-        self._waiting: dict[str, _Wait] = {}
+        self._waiting: dict[str, Wait] = {}
         self._generation = 0  # bumped by every registration
         self._reading: int | None = None  # generation of the read in flight
         self._client_id: int | None = None
@@ -127,23 +155,15 @@ class _Shard:
     ) -> None:
         """Return once ``stream`` has an entry newer than ``after_id`` (as far as the
         waiter knows), after ``timeout_s``, or once ``woken`` is resolved."""
-        loop = asyncio.get_running_loop()
-        entry = _Wait(after_id, woken if woken is not None else loop.create_future())
-        displaced = self._waiting.get(stream)
-        if displaced is not None:
-            # Two waits on one name (a stale owner of an earlier job, not yet told):
-            # the earlier one reads again rather than sleep out its timer.
-            displaced.wake()
-        self._waiting[stream] = entry
+        if woken is None:
+            woken = asyncio.get_running_loop().create_future()
+        entry = Wait(after_id, woken)
+        register(self._waiting, stream, entry)
         self._generation += 1
         self._nudge()
-        # A timer, not a cancel scope: every idle stream holds one (0.1 KiB, not 0.6).
-        timer = None if math.isinf(timeout_s) else loop.call_later(timeout_s, entry.wake)
         try:
-            await entry.woken
+            await until_woken(entry, timeout_s)
         finally:
-            if timer is not None:
-                timer.cancel()
             if self._waiting.get(stream) is entry:
                 del self._waiting[stream]
 
