@@ -136,64 +136,66 @@ async def _channel_client_id(redis: AsyncRedis, name: str) -> int:
             await anyio.sleep(0.01)
 
 
-async def test_a_dropped_connection_fails_what_was_in_flight_and_the_next_call_reconnects(
-    redis_url: str, admin: AsyncRedis, uid: str
-) -> None:
+@pytest.fixture
+async def named(redis_url: str, uid: str) -> AsyncIterator[tuple[Channel, str]]:
+    """A channel on a client of its own, whose connections carry a name, so that a
+    test can find (and kill) the channel's connection; the client is closed after."""
     name = f"chan-{uid}"
     own = AsyncRedis.from_url(redis_url, client_name=name)
     try:
-        channel = Channel(own)
-        key = f"chan:{uid}:drop"
-        results: dict[str, Any] = {}
-
-        async def run(label: str, *command: Any) -> None:
-            try:
-                results[label] = await channel.call(key, *command)
-            except Exception as exc:
-                results[label] = exc
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run, "blpop", "BLPOP", f"{key}:list", 30)
-            tg.start_soon(run, "incr", "INCR", key)  # same write, behind the BLPOP
-            await admin.client_kill_filter(_id=await _channel_client_id(admin, name))
-
-        assert isinstance(results["blpop"], rex.ConnectionError)
-        assert isinstance(results["incr"], rex.ConnectionError)
-        assert await admin.get(key) is None  # the INCR behind it never ran
-        assert await channel.call(key, "INCR", key) == 1  # on a new connection
+        yield Channel(own), name
     finally:
         await own.aclose()
+
+
+async def test_a_dropped_connection_fails_what_was_in_flight_and_the_next_call_reconnects(
+    named: tuple[Channel, str], admin: AsyncRedis, uid: str
+) -> None:
+    channel, name = named
+    key = f"chan:{uid}:drop"
+    results: dict[str, Any] = {}
+
+    async def run(label: str, *command: Any) -> None:
+        try:
+            results[label] = await channel.call(key, *command)
+        except Exception as exc:
+            results[label] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "blpop", "BLPOP", f"{key}:list", 30)
+        tg.start_soon(run, "incr", "INCR", key)  # same write, behind the BLPOP
+        await admin.client_kill_filter(_id=await _channel_client_id(admin, name))
+
+    assert isinstance(results["blpop"], rex.ConnectionError)
+    assert isinstance(results["incr"], rex.ConnectionError)
+    assert await admin.get(key) is None  # the INCR behind it never ran
+    assert await channel.call(key, "INCR", key) == 1  # on a new connection
 
 
 async def test_a_cancelled_caller_leaves_the_connection_in_step(
-    redis_url: str, admin: AsyncRedis, uid: str
+    named: tuple[Channel, str], admin: AsyncRedis, uid: str
 ) -> None:
-    name = f"chan-{uid}"
-    own = AsyncRedis.from_url(redis_url, client_name=name)
-    try:
-        channel = Channel(own)
-        key = f"chan:{uid}:cancel"
-        queued_done = asyncio.Event()
+    channel, name = named
+    key = f"chan:{uid}:cancel"
+    queued_done = asyncio.Event()
 
-        async def queued_behind() -> None:
-            await channel.call(key, "SET", key, "queued")
-            queued_done.set()
+    async def queued_behind() -> None:
+        await channel.call(key, "SET", key, "queued")
+        queued_done.set()
 
-        async with anyio.create_task_group() as tg:
-            # In flight: a BLPOP whose caller goes away; queued behind it (next write):
-            # a SET whose caller goes away before it is written.
-            tg.start_soon(channel.call, key, "BLPOP", f"{key}:list", 30)
-            await _channel_client_id(admin, name)
-            tg.start_soon(queued_behind)
-            await anyio.wait_all_tasks_blocked()
-            tg.cancel_scope.cancel()
+    async with anyio.create_task_group() as tg:
+        # In flight: a BLPOP whose caller goes away; queued behind it (next write): a
+        # SET whose caller goes away before it is written.
+        tg.start_soon(channel.call, key, "BLPOP", f"{key}:list", 30)
+        await _channel_client_id(admin, name)
+        tg.start_soon(queued_behind)
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
 
-        assert not queued_done.is_set()
-        await admin.rpush(f"{key}:list", "wake")  # the BLPOP's reply, read and dropped
-        assert await channel.call(key, "GET", key) is None  # the SET was never written
-        assert await channel.call(key, "ECHO", "in step") == b"in step"
-    finally:
-        await own.aclose()
+    assert not queued_done.is_set()
+    await admin.rpush(f"{key}:list", "wake")  # the BLPOP's reply, read and dropped
+    assert await channel.call(key, "GET", key) is None  # the SET was never written
+    assert await channel.call(key, "ECHO", "in step") == b"in step"
 
 
 async def test_a_script_the_server_lost_is_loaded_again(redis: Any, uid: str, service: str) -> None:
