@@ -27,6 +27,9 @@ the slot table that routes the next ones.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,6 +79,10 @@ def pack(commands: Sequence[Command], encoding: str = "utf-8", errors: str = "st
                 arg = repr(arg).encode() if isinstance(arg, int | float) else bytes(arg)
             append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return b"".join(parts)
+
+
+_LOST = (rex.ConnectionError, rex.TimeoutError, OSError)
+"""What a link raises when its node cannot be reached."""
 
 
 def is_redirect(exc: BaseException) -> bool:
@@ -238,6 +245,7 @@ class Channel:
         """Held by each gateway step on the channel (``_boundary.channelled``)."""
         self.batches = 0
         self.commands = 0
+        self._refreshed_at = -math.inf
 
     def _count(self, commands: int) -> None:
         self.batches += 1
@@ -277,12 +285,27 @@ class Channel:
             link = self._links[name] = _Link(take_node, give_node, self._count)
         return link
 
+    async def _lost_node(self) -> None:
+        """A cluster node's connection failed (a primary killed): refresh the client's
+        slot table, at most once a second, so that the next steps go to whichever
+        replica took its slots. redis-py's own routed commands do this themselves; the
+        channel's links route by the table and would keep dialling the dead node."""
+        now = time.monotonic()
+        if not self._cluster or now - self._refreshed_at < 1.0:
+            return
+        self._refreshed_at = now
+        with contextlib.suppress(Exception):  # the next failure tries again
+            await self.client.nodes_manager.initialize()
+
     async def call(self, key: str, *command: Any) -> Any:
         """Run one command on the node of ``key``'s slot; its reply, or its error reply
         raised (redis-py's exception classes, untranslated)."""
         try:
             packed = pack((command,), self._encoding, self._errors)
             return await self._link(key).submit(_Call(packed, 1, False))
+        except _LOST:
+            await self._lost_node()
+            raise
         except rex.ResponseError as exc:
             if not (self._cluster and is_redirect(exc)):
                 raise
@@ -295,6 +318,9 @@ class Channel:
             try:
                 packed = pack([("MULTI",), *commands, ("EXEC",)], self._encoding, self._errors)
                 return await self._link(key).submit(_Call(packed, len(commands) + 2, True))
+            except _LOST:
+                await self._lost_node()
+                raise
             except rex.ResponseError as exc:
                 if attempt or not (self._cluster and is_redirect(exc)):
                     raise
