@@ -14,6 +14,7 @@ reported and the others run; the exit code is 1 if any failed. A scenario past
 ``--timeout`` gets SIGTERM (the benchmarks then stop their private servers and
 clusters), SIGKILL only if it has not exited 30 s later.
 
+``hot_stream_bytes`` runs ``hot_stream`` with ``--bytes`` (streamjobs in bytes mode);
 ``hot_stream_cluster`` and ``many_streams_cluster`` run ``hot_stream`` and
 ``many_streams`` with ``--cluster``: on a private 3-primary + 3-replica Redis Cluster;
 ``idle_cost_500`` and ``idle_cost_2000`` run ``idle_cost`` with fewer streams, so that
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # scenario -> (full-size arguments, smoke-size arguments)
 SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "hot_stream": ([], ["--entries", "2000", "--rounds", "2"]),
+    "hot_stream_bytes": (["--bytes"], ["--entries", "2000", "--rounds", "2", "--bytes"]),
     "many_streams": ([], ["--streams", "20", "--entries", "3", "--rounds", "2"]),
     "idle_cost": (
         # Liveness.LOCK is not meant for 10,000 streams (benchmarks/README.md, idle cost).
@@ -80,6 +82,7 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
 
 # scenario -> the module it runs, where that is not the scenario's own name
 MODULES: dict[str, str] = {
+    "hot_stream_bytes": "hot_stream",
     "hot_stream_cluster": "hot_stream",
     "many_streams_cluster": "many_streams",
     "idle_cost_500": "idle_cost",

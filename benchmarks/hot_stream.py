@@ -13,6 +13,8 @@ Both contenders must handle exactly N entries, or the benchmark raises
 :class:`BenchmarkError`. Redis command counts come from ``INFO commandstats`` deltas.
 
 Run: ``python -m benchmarks.hot_stream [--entries N] [--rounds 3] [--batch 100]``.
+``--bytes`` runs streamjobs in bytes mode (``StreamConsumer[bytes]``): its handler then
+gets the fields undecoded, like the bare loop's.
 By default a private ``redis-server`` is started (less noise) and stopped at the end;
 ``--use-url`` uses ``--redis-url`` instead. Only keys holding this run's id are written
 and deleted; nothing is ever flushed. See benchmarks/README.md.
@@ -325,15 +327,40 @@ class BenchConsumer(StreamConsumer):
         self._done.set()
 
 
+class BytesBenchConsumer(StreamConsumer[bytes]):
+    """:class:`BenchConsumer` in bytes mode: ``handle()`` gets the fields undecoded,
+    as the bare loop's handler does."""
+
+    def __init__(self, redis_client: Any, *, done: anyio.Event, **kwargs: Any) -> None:
+        super().__init__(redis_client, **kwargs)
+        self.count = 0
+        self.ended: list[str] = []
+        self._done = done
+
+    async def handle(self, message: Message[bytes]) -> None:
+        self.count += 1
+
+    async def on_stream_end(self, stream: str) -> None:
+        self.ended.append(stream)
+        self._done.set()
+
+
 async def run_streamjobs(
-    client: Any, admin: Any, target: Target, stream: str, service: str, n: int, batch: int
+    client: Any,
+    admin: Any,
+    target: Target,
+    stream: str,
+    service: str,
+    n: int,
+    batch: int,
+    raw: bool = False,
 ) -> Result:
     producer = Producer(client, service=service)
     await produce(client, stream, n)
     await producer.close_stream(stream)
     await producer.add_stream(stream, {"bench": "hot_stream"})
     done = anyio.Event()
-    consumer = BenchConsumer(
+    consumer = (BytesBenchConsumer if raw else BenchConsumer)(
         client,
         done=done,
         service=service,
@@ -448,7 +475,9 @@ def _breakdown(commands: Counter[str], entries: int, top: int = 8) -> str:
     return ", ".join(f"{name} {calls / entries:.4f}" for name, calls in commands.most_common(top))
 
 
-async def run_benchmark(target: Target, entries: int, rounds: int, batch: int) -> Summary:
+async def run_benchmark(
+    target: Target, entries: int, rounds: int, batch: int, raw: bool = False
+) -> Summary:
     run_id = uuid.uuid4().hex[:12]
     client = connect(target, decode_responses=False)
     admin = connect(target, decode_responses=True)
@@ -458,10 +487,13 @@ async def run_benchmark(target: Target, entries: int, rounds: int, batch: int) -
         if target.cluster:
             await admin.initialize()
             heading = f"## hot stream on the cluster ({len(admin.get_primaries())} primaries)"
+        if raw:
+            heading = f"{heading or '## hot stream'}, bytes mode"
         print(await _describe(admin, target), flush=True)
         print(
             f"workload: {entries:,} entries of ~{PAYLOAD_BYTES} B, batch {batch}, "
-            f"{rounds} round(s), run id {run_id}",
+            f"{rounds} round(s), run id {run_id}"
+            + (", streamjobs in bytes mode (StreamConsumer[bytes])" if raw else ""),
             flush=True,
         )
         if not target.private:
@@ -476,7 +508,7 @@ async def run_benchmark(target: Target, entries: int, rounds: int, batch: int) -
                 else:
                     service = f"bench-{run_id}-r{index}"
                     result = await run_streamjobs(
-                        client, admin, target, stream, service, entries, batch
+                        client, admin, target, stream, service, entries, batch, raw
                     )
                 results[contender] = result
             rnd = Round(index, order, results)
@@ -585,6 +617,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--entries", type=_positive_int, default=100_000)
     parser.add_argument("--rounds", type=_positive_int, default=3)
     parser.add_argument("--batch", type=_positive_int, default=100)
+    parser.add_argument(
+        "--bytes",
+        action="store_true",
+        help="run streamjobs in bytes mode (StreamConsumer[bytes]: fields undecoded)",
+    )
     args = parser.parse_args(argv)
     if args.cluster and args.use_url:
         parser.error("--cluster starts a private cluster: it cannot be combined with --use-url")
@@ -594,7 +631,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with sigterm_exits(), redis_target(args.redis_url, args.use_url, args.cluster) as target:
-        anyio.run(run_benchmark, target, args.entries, args.rounds, args.batch)
+        anyio.run(run_benchmark, target, args.entries, args.rounds, args.batch, args.bytes)
     return 0
 
 

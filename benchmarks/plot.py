@@ -35,6 +35,7 @@ DEFAULT_DIR = ROOT / "docs" / "img" / "benchmarks"
 
 RATIO_SCENARIOS = {
     "hot_stream": ("hot stream", 0.7),
+    "hot_stream_bytes": ("hot stream, bytes mode", 0.8),
     "hot_stream_cluster": ("hot stream, cluster", 0.7),
     "many_streams": ("many streams", 0.45),
     "many_streams_cluster": ("many streams, cluster", 0.45),

@@ -23,6 +23,7 @@ import functools
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -40,6 +41,7 @@ from ._pipeline import (
     entry_caller,
     handler_kind_problem,
 )
+from ._redis import DataEntry, text_fields
 from ._stream_acquire import StreamAcquisition
 from ._stream_end import StreamEndings
 from ._stream_state import (
@@ -60,6 +62,16 @@ from .exceptions import (
 )
 from .message import Message
 from .metrics import EntryOutcome
+
+_EOS_TEXT: tuple[str | bytes, str | bytes] = (EOS_FIELD, EOS_VALUE)
+_EOS_BYTES: tuple[str | bytes, str | bytes] = (EOS_FIELD.encode(), EOS_VALUE.encode())
+_RUN_FIELDS = (
+    REPLAYED_FROM_FIELD,
+    REPLAY_END_FIELD,
+    REPLAYED_FROM_FIELD.encode(),
+    REPLAY_END_FIELD.encode(),
+)
+"""The fields that mark a DLQ replay's own entries, in either mode (see _run_entries)."""
 
 __all__ = [
     "CLEANUP_TIMEOUT_S",
@@ -106,6 +118,8 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         # Unknown before the first batch: a stream's first reads take the channel.
         entry_bytes = 0
         idle_timeout_s = host.config.stream_idle_timeout_s
+        # The end marker's field as the entries hold it: bytes in bytes mode.
+        eos_field, eos_value = _EOS_BYTES if host.gateway.raw_fields else _EOS_TEXT
         active_at = time.monotonic()  # last time an entry (or the acquisition) came
         claim = False  # the last read returned pending entries: claim before reading new
         if self.job_ended:
@@ -190,12 +204,13 @@ class OwnedStream(StreamAcquisition, StreamEndings):
             self.handling = True
             try:
                 for entry_id, fields in batch:
-                    if fields.get(EOS_FIELD) == EOS_VALUE or self.finish_requested:
+                    if fields.get(eos_field) == eos_value or self.finish_requested:
                         self._count_handled(durations)
-                        if is_eos(fields):
+                        marker = text_fields(fields)
+                        if is_eos(marker):
                             self._eos = [entry_id]
-                            if CANCEL_FIELD in fields:
-                                return await self._cancel(fields[CANCEL_FIELD])
+                            if CANCEL_FIELD in marker:
+                                return await self._cancel(marker[CANCEL_FIELD])
                         return await self._finish()
                     # Hot path: no extra await per entry while the lock was proved
                     # ours within RECHECK_AFTER_S and the local lease is valid; the
@@ -221,16 +236,14 @@ class OwnedStream(StreamAcquisition, StreamEndings):
             if self.finish_requested:
                 return await self._finish()
 
-    def _run_entries(
-        self, batch: list[tuple[str, dict[str, str]]]
-    ) -> list[tuple[str, dict[str, str]]]:
+    def _run_entries(self, batch: list[DataEntry]) -> list[DataEntry]:
         """What a DLQ replay's run hands over of ``batch``: its replayed copies and its
         replay's end marker. Anything else was appended to an ended job after its end
         (its producer did not know), between the run's queueing and its entries'
         placement: acked, never handled (docs/design.md#job-identity)."""
         own = []
         for entry_id, fields in batch:
-            if REPLAYED_FROM_FIELD in fields or REPLAY_END_FIELD in fields:
+            if any(name in fields for name in _RUN_FIELDS):
                 own.append((entry_id, fields))
             else:
                 self.to_ack.append(entry_id)
@@ -251,12 +264,12 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         cfg = self.host.config
         return max(1, min(cfg.read_batch_size, cfg.read_batch_bytes // max(1, entry_bytes)))
 
-    def _caller(self) -> Callable[[Message], Awaitable[None]]:
+    def _caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
         """What calls ``handle()``: the user's method itself, unless a call has a time
         limit (``handler_timeout_s``) or a tracer provider is configured (a CONSUMER
         span per call). Looked up once per batch."""
         host = self.host
-        call: Callable[[Message], Awaitable[None]] = host.call_handle
+        call: Callable[[Message[Any]], Awaitable[None]] = host.call_handle
         timeout_s = host.config.handler_timeout_s
         if timeout_s is not None:
             call = functools.partial(_call_within, call, timeout_s)
@@ -360,7 +373,7 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         return not self._stopping()
 
     async def _retry_entry(
-        self, entry_id: str, fields: dict[str, str], first: Exception, started: float
+        self, entry_id: str, fields: dict[Any, Any], first: Exception, started: float
     ) -> bool:
         """Attempts 2.. of an entry whose first ``handle()`` call, begun at ``started``
         (``time.perf_counter()``), raised ``first``.
@@ -390,7 +403,7 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                     step.error,
                 )
                 if not await self._dead_letter(
-                    entry_id, fields, attempt, step.error, step.rejected
+                    entry_id, text_fields(fields), attempt, step.error, step.rejected
                 ):
                     return False
                 self._count_one(EntryOutcome.DEAD_LETTERED, started)

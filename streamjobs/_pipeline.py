@@ -74,7 +74,7 @@ class Hooks(Protocol):
     a coroutine function or a plain function (run in a worker thread: see
     :func:`entry_caller`)."""
 
-    def handle(self, message: Message) -> Awaitable[None] | None: ...
+    def handle(self, message: Message[Any]) -> Awaitable[None] | None: ...
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None: ...
     async def on_stream_end(self, stream: str) -> None: ...
     async def on_stream_lost(self, stream: str) -> None: ...
@@ -100,8 +100,8 @@ def handler_kind_problem(handle: Any) -> str | None:
 
 
 def entry_caller(
-    handle: Callable[[Message], Awaitable[None] | None],
-) -> Callable[[Message], Awaitable[None]]:
+    handle: Callable[[Message[Any]], Awaitable[None] | None],
+) -> Callable[[Message[Any]], Awaitable[None]]:
     """``handle`` as a coroutine function.
 
     A coroutine function is returned as it is. A plain function runs in a worker thread
@@ -113,10 +113,10 @@ def entry_caller(
     a coroutine, say), that is awaited on the event loop.
     """
     if inspect.iscoroutinefunction(handle):
-        return cast("Callable[[Message], Awaitable[None]]", handle)
+        return cast("Callable[[Message[Any]], Awaitable[None]]", handle)
     limiter: anyio.CapacityLimiter | None = None  # made in the event loop, at first use
 
-    async def call_in_thread(message: Message) -> None:
+    async def call_in_thread(message: Message[Any]) -> None:
         nonlocal limiter
         if limiter is None:
             limiter = anyio.CapacityLimiter(SYNC_HANDLER_THREADS)
@@ -130,7 +130,7 @@ def entry_caller(
 
 
 async def _call_within(
-    handle: Callable[[Message], Awaitable[None]], timeout_s: float, message: Message
+    handle: Callable[[Message[Any]], Awaitable[None]], timeout_s: float, message: Message[Any]
 ) -> None:
     """``handle(message)``, cancelled past ``timeout_s`` (a failed attempt)."""
     with anyio.move_on_after(timeout_s) as scope:

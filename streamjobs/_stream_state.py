@@ -61,7 +61,7 @@ class Host(Protocol):
     """``NONE``: every key is on one server, so a script may span slots."""
     metrics: MetricsRecorder
     hooks: Hooks
-    call_handle: Callable[[Message], Awaitable[None]]
+    call_handle: Callable[[Message[Any]], Awaitable[None]]
     """``hooks.handle`` as a coroutine function (:func:`entry_caller`)."""
     service: str
     name: str

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
@@ -24,6 +25,27 @@ from .message import Message
 _SYSTEM = "redis"
 _IDLE = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 _cached: tuple[object, Tracer] | None = None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+class _FieldsGetter(Getter[Mapping[Any, Any]]):
+    """Reads the trace context from an entry's fields, as text or as bytes (a
+    consumer in bytes mode)."""
+
+    def get(self, carrier: Mapping[Any, Any], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        if value is None:
+            value = carrier.get(key.encode())
+        return None if value is None else [_text(value)]
+
+    def keys(self, carrier: Mapping[Any, Any]) -> list[str]:
+        return [_text(k) for k in carrier]
+
+
+_GETTER = _FieldsGetter()
 
 
 def tracer() -> Tracer | None:
@@ -50,8 +72,8 @@ def inject(fields: Mapping[str, Any]) -> Mapping[str, Any]:
 
 async def handle_in_span(
     t: Tracer,
-    handle: Callable[[Message], Awaitable[None]],
-    message: Message,
+    handle: Callable[[Message[Any]], Awaitable[None]],
+    message: Message[Any],
     *,
     group: str,
     consumer: str,
@@ -60,7 +82,7 @@ async def handle_in_span(
 
     An exception is recorded on the span (status ERROR) and re-raised.
     """
-    parent = propagate.extract(message.fields)
+    parent = propagate.extract(message.fields, getter=_GETTER)
     attributes: dict[str, AttributeValue] = {
         "messaging.system": _SYSTEM,
         "messaging.operation.type": "process",
@@ -87,7 +109,7 @@ def mark(
     t = tracer()
     if t is None:
         return
-    context = propagate.extract(parent) if parent else None
+    context = propagate.extract(parent, getter=_GETTER) if parent else None
     with t.start_as_current_span(
         name, context=context, kind=SpanKind.INTERNAL, attributes=attributes
     ):

@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, final
+from typing import Any, ClassVar, Generic, final, get_args, get_origin
 
 import anyio
 import anyio.abc
@@ -28,7 +28,7 @@ from ._stats import ConsumerStatistics
 from ._waiter import SHARD_STREAMS, shard_count
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .exceptions import ConfigurationError
-from .message import Message
+from .message import F, Message
 from .metrics import MetricsRecorder, NullRecorder, RequeueOutcome
 
 
@@ -165,8 +165,27 @@ def _check_cluster_mode(redis: Any, cluster_mode: ClusterMode) -> None:
         )
 
 
-class StreamConsumer(abc.ABC):
+def _field_type(cls: type) -> type[str] | type[bytes] | None:
+    """The type ``cls`` declares its entries' fields as, from the first parameterised
+    ``StreamConsumer`` base along its MRO (``class C(StreamConsumer[bytes])``); None if
+    none names a concrete type (``str`` is the default)."""
+    for klass in cls.__mro__:
+        for base in klass.__dict__.get("__orig_bases__", ()):
+            origin = get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, StreamConsumer):
+                args = get_args(base)
+                if args and args[0] in (str, bytes):
+                    return args[0]  # type: ignore[no-any-return]
+    return None
+
+
+class StreamConsumer(abc.ABC, Generic[F]):
     """Base class of a consumer: implement :meth:`handle`.
+
+    ``StreamConsumer`` alone hands ``handle()`` a ``Message[str]``: fields decoded as
+    UTF-8. Declared as ``StreamConsumer[bytes]``, it hands ``Message[bytes]``: the
+    fields' bytes as Redis holds them, undecoded, which is faster and keeps binary
+    payloads as they are (docs/concepts.md#bytes-mode).
 
     Args:
         redis: a ``redis.asyncio.Redis`` (or ``RedisCluster`` with ``ClusterMode.OSS``).
@@ -209,6 +228,7 @@ class StreamConsumer(abc.ABC):
         if not name or any(c.isspace() for c in name):
             raise ConfigurationError("consumer_name", "must be non-empty, without whitespace")
         gateway = Gateway(redis, keys, dlq=recovery.dlq_stream, dlq_maxlen=recovery.dlq_maxlen)
+        gateway.raw_fields = type(self).fields_type is bytes
         self.__runtime = Runtime(
             self,
             gateway,
@@ -222,8 +242,20 @@ class StreamConsumer(abc.ABC):
 
     # -- the subclass contract -------------------------------------------------------
 
+    fields_type: ClassVar[type[str] | type[bytes]] = str
+    """What ``handle()`` gets field names and values as: set from the class's
+    declaration (``StreamConsumer[bytes]``), or by a subclass itself."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        declared = _field_type(cls)
+        if declared is not None and "fields_type" not in cls.__dict__:
+            cls.fields_type = declared
+        if cls.fields_type not in (str, bytes):
+            raise ConfigurationError(
+                "fields_type",
+                f"{cls.__qualname__}.fields_type must be str or bytes, got {cls.fields_type!r}",
+            )
         handle = cls.__dict__.get("handle")
         problem = None if handle is None else handler_kind_problem(handle)
         if problem is not None:
@@ -234,7 +266,7 @@ class StreamConsumer(abc.ABC):
             )
 
     @abc.abstractmethod
-    def handle(self, message: Message) -> Awaitable[None] | None:
+    def handle(self, message: Message[F]) -> Awaitable[None] | None:
         """Process one entry. Called in order within a stream, concurrently across streams.
 
         Define it as ``async def handle(self, message)``, or as a plain
@@ -249,17 +281,17 @@ class StreamConsumer(abc.ABC):
         with reason ``handler_failed`` and the next entry follows).
         """
 
-    async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:  # noqa: B027
+    async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
         """Called once the stream's lock is held, before its first entry is handled."""
 
-    async def on_stream_end(self, stream: str) -> None:  # noqa: B027
+    async def on_stream_end(self, stream: str) -> None:
         """Called after the stream finished (end marker handled, assignment completed)."""
 
-    async def on_stream_lost(self, stream: str) -> None:  # noqa: B027
+    async def on_stream_lost(self, stream: str) -> None:
         """Called when the lock was lost (expired or taken over): no more of its entries
         reach ``handle()`` here, and nothing more of it is acknowledged by this consumer."""
 
-    async def on_stream_cancelled(self, stream: str, reason: str) -> None:  # noqa: B027
+    async def on_stream_cancelled(self, stream: str, reason: str) -> None:
         """Called once a stream was cancelled (``Producer.cancel_stream``): no more of
         its entries reach ``handle()`` (the rest are discarded), its assignment is done
         and its lock released. Called instead of :meth:`on_stream_end`."""
@@ -345,7 +377,7 @@ class StreamConsumer(abc.ABC):
         await self.__runtime.aclose()
 
     @final
-    async def __aenter__(self) -> StreamConsumer:
+    async def __aenter__(self) -> StreamConsumer[F]:
         await self.__runtime.enter(self.run)
         return self
 

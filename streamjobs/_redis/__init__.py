@@ -40,6 +40,7 @@ from ._boundary import (
     NOT_ACQUIRED,
     REDIS_FAILURES,
     Addr,
+    DataEntry,
     Entry,
     EntryTooLarge,
     LostAt,
@@ -53,6 +54,7 @@ from ._boundary import (
     script,
     sized_entries,
     text,
+    text_fields,
     translate,
     translated,
 )
@@ -69,6 +71,7 @@ __all__ = [
     "Addr",
     "BlockingReader",
     "Channel",
+    "DataEntry",
     "Entry",
     "EntryTooLarge",
     "Gateway",
@@ -93,6 +96,7 @@ __all__ = [
     "set_config",
     "sized_entries",
     "text",
+    "text_fields",
     "translate",
     "translated",
 ]

@@ -35,6 +35,11 @@ RawFields = dict[str, bytes | str]
 LostAt = int | Literal["lease"] | None
 """When a re-queued assignment's previous owner was lost (see ``Gateway.requeue``)."""
 Entry = tuple[str, dict[str, str]]
+RawEntry = tuple[str, dict[bytes, bytes]]
+"""An entry as a consumer in bytes mode gets it: its fields undecoded."""
+DataEntry = tuple[str, dict[Any, Any]]
+"""A data-stream entry read for ``handle()``: an :data:`Entry`, or in bytes mode
+(``Gateway.raw_fields``) a :data:`RawEntry`."""
 Addr = tuple[str, int]
 SlotMap = dict[tuple[int, int], Addr]
 
@@ -288,7 +293,7 @@ class ReadReply(NamedTuple):
     """The token held the lock (False: nothing was acked or read)."""
     top: str
     """When nothing was read: the newest id the group has seen, to wait for a newer one."""
-    entries: list[Entry]
+    entries: list[DataEntry]
     largest_bytes: int = 0
     """Size of the largest entry read (its field names and values), in bytes."""
     claimed: bool = False
@@ -365,6 +370,47 @@ def sized_entries(raw_entries: Sequence[Any] | None) -> tuple[list[Entry], int]:
     return out, largest
 
 
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode("utf-8", "surrogateescape")
+
+
+def raw_sized_entries(raw_entries: Sequence[Any] | None) -> tuple[list[RawEntry], int]:
+    """:func:`sized_entries` for a consumer in bytes mode: the fields stay bytes (only
+    the id is decoded), and the largest entry is measured the same way."""
+    out: list[RawEntry] = []
+    append = out.append
+    largest = 0
+    for item in raw_entries or ():
+        if not item or item[1] is None:  # an entry deleted after it was claimed
+            continue
+        entry_id, body = item
+        if type(body) is list and not len(body) & 1 and (not body or type(body[0]) is bytes):
+            # The hot path: a raw reply, all bytes (the client does not decode: see
+            # consumer._check_client).
+            values = iter(body)
+            fields: dict[bytes, bytes] = dict(zip(values, values, strict=False))
+            size = sum(map(len, body))
+        else:
+            if isinstance(body, Mapping):
+                pairs = list(body.items())
+            else:
+                pairs = [(body[i], body[i + 1]) for i in range(0, len(body) - 1, 2)]
+            fields = {_as_bytes(k): _as_bytes(v) for k, v in pairs}
+            size = sum(map(len, fields)) + sum(map(len, fields.values()))
+        append((entry_id.decode() if type(entry_id) is bytes else str(entry_id), fields))
+        if size > largest:
+            largest = size
+    return out, largest
+
+
+def text_fields(fields: Mapping[Any, Any]) -> dict[str, str]:
+    """An entry's fields as text, whichever mode read them: bytes are decoded with
+    ``surrogateescape`` (so :func:`raw` gives them back exactly)."""
+    return {text(k): text(v) for k, v in fields.items()}
+
+
 def _stream_entries(reply: Any) -> Sequence[Any]:
     """The entries of an XREADGROUP reply for one stream, RESP2 or RESP3 shaped."""
     if not reply:
@@ -402,6 +448,8 @@ class CommandsBase:
     scripts: Scripts
     _is_cluster: bool
     last_ok: float | None
+    raw_fields: bool
+    """Data entries keep their fields as bytes (a consumer in bytes mode)."""
 
     @property
     def channel(self) -> Channel | None:

@@ -36,6 +36,7 @@ class Gateway(ProducerCommands, AssignmentCommands, StreamCommands, LivenessComm
         self.dlq = dlq or keys.dead_letters
         self.dlq_maxlen = dlq_maxlen
         self.max_copy_values = MAX_COPY_VALUES
+        self.raw_fields = False
         self.scripts = Scripts(client)
         self._is_cluster = hasattr(client, "get_primaries")
         self.last_ok: float | None = None

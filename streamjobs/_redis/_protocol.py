@@ -36,6 +36,8 @@ class StreamGateway(Protocol):
     suite has an in-memory fake of this protocol for the life-cycle logic."""
 
     keys: Keys
+    raw_fields: bool
+    """Hand data entries' fields over as bytes (a consumer in bytes mode)."""
 
     async def ensure_group(self) -> None: ...
     async def load_scripts(self) -> None: ...

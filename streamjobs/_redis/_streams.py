@@ -17,11 +17,13 @@ from ._boundary import (
     ENDED_MARKER_TTL_MS,
     NOT_OWNED,
     CommandsBase,
+    DataEntry,
     ReadReply,
     _stream_entries,
     blocking,
     channelled,
     id_order,
+    raw_sized_entries,
     script,
     sized_entries,
     text,
@@ -32,6 +34,13 @@ from ._channel import LARGE_REPLY_BYTES
 
 class StreamCommands(CommandsBase):
     """Locks and data streams: acquiring, extending, fenced reads and claims, sealing, releasing."""
+
+    def _entries(self, raw: Sequence[Any] | None) -> tuple[list[DataEntry], int]:
+        """A data read's entries as ``handle()`` gets them: decoded, or in bytes mode
+        (``raw_fields``) undecoded; and the largest one's size in bytes."""
+        if self.raw_fields:
+            return raw_sized_entries(raw)
+        return sized_entries(raw)
 
     # -- locks and data streams ----------------------------------------------------
 
@@ -191,7 +200,7 @@ class StreamCommands(CommandsBase):
             if int(fenced[2]) == 0:
                 if isinstance(read, BaseException):
                     raise translate(read) from read
-                batch, largest = sized_entries(_stream_entries(read))
+                batch, largest = self._entries(_stream_entries(read))
                 return ReadReply(True, "0-0" if batch else text(fenced[1]), batch, largest)
             claimed = await self._claim(lock, stream, token, consumer, count, (), large)
             if not claimed.owned or claimed.entries:
@@ -255,7 +264,7 @@ class StreamCommands(CommandsBase):
         ids = [text(i) for i in r[1]]
         if not ids:
             return ReadReply(True, "0-0", [])
-        batch, largest = sized_entries(await self._fetch_claimed(stream, ids, large))
+        batch, largest = self._entries(await self._fetch_claimed(stream, ids, large))
         return ReadReply(True, "0-0", batch, largest, claimed=True)
 
     async def _fetch_claimed(self, stream: str, ids: Sequence[str], large: bool) -> list[Any]:

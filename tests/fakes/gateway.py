@@ -267,6 +267,7 @@ class FakeGateway:
         dlq_maxlen: int = 0,
     ) -> None:
         self.keys = keys or Keys("svc")
+        self.raw_fields = False
         self.clock = clock
         self.dlq_maxlen = dlq_maxlen
         self.calls: list[Call] = []
@@ -1273,3 +1274,23 @@ def _decode(fields: Mapping[str, bytes | str]) -> dict[str, str]:
 
 
 __all__ = ["METHODS", "Call", "FakeGateway", "Gate", "ManualClock", "format_id", "parse_id"]
+
+
+class RawFieldsView:
+    """``gateway`` as a consumer in bytes mode sees it (``Gateway.raw_fields``): data
+    entries' fields come back as bytes. Everything else is ``gateway`` itself."""
+
+    raw_fields = True
+
+    def __init__(self, gateway: FakeGateway) -> None:
+        self._gateway = gateway
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gateway, name)
+
+    async def fenced_read(self, *args: Any, **kwargs: Any) -> ReadReply:
+        reply = await self._gateway.fenced_read(*args, **kwargs)
+        if not reply.entries:
+            return reply
+        entries = [(i, {k.encode(): v.encode() for k, v in f.items()}) for i, f in reply.entries]
+        return reply._replace(entries=entries)

@@ -58,7 +58,7 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 CONSUMER_CLOSE_TIMEOUT_S: Final = 30.0
 """How long ``consumer_factory`` waits for each consumer to stop at teardown."""
 
-C = TypeVar("C", bound=StreamConsumer)
+C = TypeVar("C", bound="StreamConsumer[Any]")
 
 
 class RedisServerFactory(Protocol):
@@ -279,7 +279,7 @@ async def consumer_factory(redis: Any, service: str) -> AsyncIterator[ConsumerFa
     that does not stop in time fails the test. Teardown runs before the ``redis``
     client's, so consumers never outlive their client.
     """
-    built: list[StreamConsumer] = []
+    built: list[StreamConsumer[Any]] = []
 
     def make(cls: type[C], client: Any = None, **kwargs: Any) -> C:
         target = redis if client is None else client

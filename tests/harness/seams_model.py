@@ -62,11 +62,13 @@ from streamjobs._keys import Keys
 from streamjobs._redis import Gateway
 from streamjobs._runtime import Runtime
 from streamjobs.exceptions import RedisUnavailable
-from tests.fakes.gateway import METHODS, FakeGateway
+from tests.fakes.gateway import METHODS, FakeGateway, RawFieldsView
 from tests.fakes.runtime import RecordingMetrics, Running
 
 NAMES = ("a", "b")
 CONSUMERS = ("c1", "c2")
+IN_BYTES_MODE = frozenset({"c2"})
+"""Consumers whose ``handle()`` gets fields as bytes (``StreamConsumer[bytes]``)."""
 BATCH = 4
 CONFIG = ConsumerConfig(
     lock_ttl_s=0.6,
@@ -142,7 +144,10 @@ class World(Protocol):
     cluster_mode: ClusterMode
     faults: set[str]
 
-    def gateway(self) -> Any: ...
+    def gateway(self, raw: bool = False) -> Any:
+        """The gateway a consumer uses; ``raw``: one in bytes mode."""
+        ...
+
     def stream(self, name: str) -> str: ...
     async def submit(self, name: str, info: Mapping[str, Any]) -> tuple[str, bool]: ...
     async def append(self, name: str, fields: Mapping[str, str]) -> str: ...
@@ -174,8 +179,8 @@ class FakeWorld:
         self.fake = FakeGateway()
         self.faults: set[str] = set()
 
-    def gateway(self) -> Any:
-        return self.fake
+    def gateway(self, raw: bool = False) -> Any:
+        return RawFieldsView(self.fake) if raw else self.fake
 
     def stream(self, name: str) -> str:
         return name
@@ -246,11 +251,13 @@ class RedisWorld:
         self.service = service
         self.uid = uid
         self.real = Gateway(client, self.keys)
+        self.real_raw = Gateway(client, self.keys)
+        self.real_raw.raw_fields = True
         self.producer = Producer(client, service=service)
         self.faults: set[str] = set()
 
-    def gateway(self) -> Any:
-        return self.real
+    def gateway(self, raw: bool = False) -> Any:
+        return self.real_raw if raw else self.real
 
     def stream(self, name: str) -> str:
         return f"model:{self.uid}:{name}"
@@ -318,7 +325,14 @@ class _Hooks:
         self.model = model
         self.consumer = consumer
 
-    async def handle(self, message: Message) -> None:
+    async def handle(self, message: Message[Any]) -> None:
+        if self.consumer in IN_BYTES_MODE:
+            # What the framework hands a consumer in bytes mode, checked, then seen as
+            # text like the other consumer's.
+            if not all(type(k) is bytes and type(v) is bytes for k, v in message.fields.items()):
+                self.model.violations.append(f"{self.consumer} got {message.fields!r}")
+            fields = {k.decode(): v.decode() for k, v in message.fields.items()}
+            message = message._replace(fields=fields)
         if message.fields.get("reject") and message.replayed_from is None:
             raise DeadLetter(reason=REJECT)  # a replay of it is handled
         self.model.entered(self.consumer, message)
@@ -356,7 +370,10 @@ class SeamsModel(RuleBasedStateMachine):
         )
         self.portal = self._portal_cm.__enter__()
         self.world: World = self.portal.call(type(self).make_world)
-        self.views = {c: View(self.world.gateway(), self.world.faults) for c in CONSUMERS}
+        self.views = {
+            c: View(self.world.gateway(raw=c in IN_BYTES_MODE), self.world.faults)
+            for c in CONSUMERS
+        }
         config = dataclasses.replace(CONFIG, liveness=self.liveness)
 
         def build(consumer: str) -> Runtime:  # in the event loop: it makes anyio objects

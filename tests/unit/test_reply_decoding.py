@@ -6,11 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from streamjobs._redis import _stream_entries, sized_entries
+from streamjobs import StreamConsumer
+from streamjobs._redis import _stream_entries, raw, sized_entries, text_fields
+from streamjobs._redis._boundary import raw_sized_entries
 from streamjobs._redis._channel import pack
+from streamjobs.exceptions import ConfigurationError
 
 RAW_RESP2: Any = [[b"s", [[b"1-0", [b"a", b"1", b"payload", b"xyz"]], [b"2-0", [b"b", b"22"]]]]]
 
@@ -73,3 +78,42 @@ def test_the_channel_packs_commands_as_redis_py_does(command: tuple[Any, ...]) -
 def test_the_channel_refuses_what_redis_py_refuses(bad: Any) -> None:
     with pytest.raises(DataError):
         pack([("SET", "k", bad)])
+
+
+# -- bytes mode (docs/concepts.md#bytes-mode) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        RAW_RESP2,
+        {b"s": [[b"1-0", [b"a", b"1", b"payload", b"xyz"]], [b"2-0", [b"b", b"22"]]]},
+    ],
+)
+def test_bytes_mode_keeps_the_fields_and_measures_like_text_mode(reply: Any) -> None:
+    entries, largest = raw_sized_entries(_stream_entries(reply))
+    assert entries == [("1-0", {b"a": b"1", b"payload": b"xyz"}), ("2-0", {b"b": b"22"})]
+    assert largest == sized_entries(_stream_entries(reply))[1]
+
+
+@pytest.mark.parametrize(
+    "body", [{b"k": b"\xff", b"n": b"1"}, ["k", "\udcff", "n", "1"], {"k": "\udcff", "n": 1}]
+)
+def test_bytes_mode_turns_any_parsed_shape_into_bytes(body: Any) -> None:
+    [(entry_id, fields)], largest = raw_sized_entries([("1-0", body), (b"2-0", None)])
+    assert (entry_id, fields, largest) == ("1-0", {b"k": b"\xff", b"n": b"1"}, 4)
+
+
+@given(st.dictionaries(st.binary(min_size=1), st.binary(), min_size=1))
+def test_text_fields_of_bytes_give_the_bytes_back(fields: dict[bytes, bytes]) -> None:
+    text = text_fields(fields)
+    assert dict(zip(raw(list(text)), raw(list(text.values())), strict=True)) == fields
+
+
+def test_a_fields_type_other_than_str_or_bytes_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigurationError, match="fields_type"):
+
+        class Odd(StreamConsumer):
+            fields_type = int  # type: ignore[assignment]
+
+            async def handle(self, message: Any) -> None: ...
