@@ -131,28 +131,32 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                 return Outcome.STOPPED
             if self.finish_requested:
                 return await self._finish()
-            sent = time.monotonic()
-            try:
-                reply = await host.gateway.fenced_read(
-                    stream,
-                    self.token,
-                    host.name,
-                    count,
-                    self.to_ack,
-                    claim=claim,
-                    reply_bytes=count * entry_bytes,
-                )
-            except NoSuchGroup as exc:
-                return await self._vanished(exc)
-            except PERMANENT as exc:
-                return await self._dead_letter_assignment(exc)
-            except Exception as exc:
-                claim = True  # a read whose reply was lost left entries pending with us
-                host.metrics.loop_error(host.service, "stream")
-                delay = backoff.next_delay()
-                log_failure(self.log, f"stream {stream!r}", exc, delay)
-                await self._pause(delay)
-                continue
+            first, self.first_read = self.first_read, None
+            if first is not None:  # read with the acquisition
+                reply, sent = first, self.lock_extended_at
+            else:
+                sent = time.monotonic()
+                try:
+                    reply = await host.gateway.fenced_read(
+                        stream,
+                        self.token,
+                        host.name,
+                        count,
+                        self.to_ack,
+                        claim=claim,
+                        reply_bytes=count * entry_bytes,
+                    )
+                except NoSuchGroup as exc:
+                    return await self._vanished(exc)
+                except PERMANENT as exc:
+                    return await self._dead_letter_assignment(exc)
+                except Exception as exc:
+                    claim = True  # a read whose reply was lost left entries pending with us
+                    host.metrics.loop_error(host.service, "stream")
+                    delay = backoff.next_delay()
+                    log_failure(self.log, f"stream {stream!r}", exc, delay)
+                    await self._pause(delay)
+                    continue
             backoff.reset()
             ok, top, batch = reply.owned, reply.top, reply.entries
             largest, claim = reply.largest_bytes, reply.claimed
@@ -249,20 +253,12 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                 self.to_ack.append(entry_id)
         return own
 
-    def _first_count(self) -> int:
-        """Entries to read first: sized by the largest entry the consumer saw last."""
-        return self._count_for(self.host.entry_size_hint)
-
     def _next_count(self, largest_bytes: int) -> int:
         """Entries to read next, so that entries as large as the largest of the batch
         just read fit in ``read_batch_bytes`` (at least one: a larger entry is read
         alone). Also the consumer's hint for the first read of other streams."""
         self.host.entry_size_hint = largest_bytes
         return self._count_for(largest_bytes)
-
-    def _count_for(self, entry_bytes: int) -> int:
-        cfg = self.host.config
-        return max(1, min(cfg.read_batch_size, cfg.read_batch_bytes // max(1, entry_bytes)))
 
     def _caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
         """What calls ``handle()``: the user's method itself, unless a call has a time

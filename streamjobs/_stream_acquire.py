@@ -37,12 +37,27 @@ class StreamAcquisition(StreamState):
         backoff = Backoff(base_s=0.05, cap_s=cfg.heartbeat_s)
         give_up_at = time.monotonic() + cfg.heartbeat_s
         replace = ""
+        first_try = True
         while not host.draining:
             sent = time.monotonic()
             try:
-                taken = await host.gateway.acquire(
-                    self.stream, self.token, host.lock_ttl_ms, replace, self.assignment.first_id
-                )
+                if first_try:
+                    # The lock and the first read in one round trip. Only once: a read
+                    # queued behind an acquire that fails still delivers entries (to
+                    # be claimed by the owner), so a contended retry goes alone.
+                    first_try = False
+                    taken, self.first_read = await host.gateway.acquire_and_read(
+                        self.stream,
+                        self.token,
+                        host.lock_ttl_ms,
+                        self.assignment.first_id,
+                        host.name,
+                        self._first_count(),
+                    )
+                else:
+                    taken = await host.gateway.acquire(
+                        self.stream, self.token, host.lock_ttl_ms, replace, self.assignment.first_id
+                    )
                 if taken != NOT_ACQUIRED:
                     self.acquired = True
                     # The job ended early and its owner died before completing it.

@@ -20,7 +20,7 @@ from ._pipeline import (
     Hooks,
 )
 from ._recovery import Recoverer
-from ._redis import StreamGateway
+from ._redis import ReadReply, StreamGateway
 from ._waiter import Waiter
 from ._wire import Assignment
 from .config import ClusterMode, ConsumerConfig
@@ -142,6 +142,9 @@ class StreamState:
         self.acquire_error: str | None = None  # the last error of a failed acquire
         self.job_ended = False  # acquired, but the job had ended early: only complete it
         self.stale = False  # the assignment was no longer ours when we came to it
+        self.first_read: ReadReply | None = None
+        """The first read, made with the acquisition (``Gateway.acquire_and_read``),
+        until the stream's processing takes it."""
         self.handling = False  # in a batch of handle() calls (statistics)
         self.cancel_reason: str | None = None  # Producer.cancel_stream's reason
         # Created only when someone waits on this stream's state: an idle stream
@@ -156,6 +159,14 @@ class StreamState:
     @property
     def stream(self) -> str:
         return self.assignment.stream
+
+    def _first_count(self) -> int:
+        """Entries to read first: sized by the largest entry the consumer saw last."""
+        return self._count_for(self.host.entry_size_hint)
+
+    def _count_for(self, entry_bytes: int) -> int:
+        cfg = self.host.config
+        return max(1, min(cfg.read_batch_size, cfg.read_batch_bytes // max(1, entry_bytes)))
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:

@@ -479,6 +479,11 @@ class CommandsBase:
         if channel is not None and not large:
             return await channel.call(key, *command)
         async with self._slot():
+            if self._is_cluster:
+                # Sent to the node of key's slot: a command that names no key (SCRIPT
+                # LOAD) could not be routed otherwise.
+                node = self.client.get_node_from_key(key)
+                return await self.client.execute_command(*command, target_nodes=node)
             return await self.client.execute_command(*command)
 
     async def _transaction(

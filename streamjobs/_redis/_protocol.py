@@ -64,6 +64,9 @@ class StreamGateway(Protocol):
     async def acquire(
         self, stream: str, token: str, ttl_ms: int, replace: str = "", job: str = ""
     ) -> int: ...
+    async def acquire_and_read(
+        self, stream: str, token: str, ttl_ms: int, job: str, consumer: str, count: int
+    ) -> tuple[int, ReadReply | None]: ...
     async def extend_many(
         self, locks: Sequence[tuple[str, str]], ttl_ms: int
     ) -> list[bool | None]: ...

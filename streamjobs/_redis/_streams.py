@@ -14,6 +14,7 @@ from ..exceptions import (
 )
 from ._boundary import (
     _CLAIM_SPAN_SLACK,
+    ACQUIRED,
     ENDED_MARKER_TTL_MS,
     NOT_OWNED,
     CommandsBase,
@@ -61,6 +62,56 @@ class StreamCommands(CommandsBase):
             args=[token, ttl_ms, self.keys.group, replace, job],
         )
         return int(r)
+
+    @channelled
+    async def acquire_and_read(
+        self, stream: str, token: str, ttl_ms: int, job: str, consumer: str, count: int
+    ) -> tuple[int, ReadReply | None]:
+        """:meth:`acquire` (a free lock only) and the stream's first :meth:`fenced_read`
+        in one MULTI in the stream's slot: one round trip where there were two.
+
+        Returns ``(taken, first read)``. The read is None unless the lock was taken
+        (:data:`ACQUIRED`) and the read is the plain case: nothing was pending and it
+        returned. Otherwise the caller reads by itself. A MULTI runs every command it
+        queued: when the lock was not taken (or its job had ended), its XREADGROUP
+        still delivered entries to this consumer. They stay pending with it, and the
+        stream's owner claims them, in order, before reading further: the path of a
+        stalled owner's read behind its own failed fence (docs/recovery.md).
+        """
+        group = self.keys.group
+        lock, cancel, ended = (
+            self.keys.lock(stream),
+            self.keys.cancel(stream),
+            self.keys.ended(stream),
+        )
+        acquire, fence = self.scripts.acquire, self.scripts.fence
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", acquire.sha, 3, lock, stream, ended, token, ttl_ms, group, "", job),
+            ("EVALSHA", fence.sha, 3, lock, stream, cancel, token, group),
+            ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", stream, ">"),
+        ]
+        for attempt in range(2):
+            taken, fenced, read = await self._transaction(stream, commands)
+            missing = [
+                lua
+                for lua, reply in ((acquire, taken), (fence, fenced))
+                if isinstance(reply, rex.NoScriptError)
+            ]
+            if not missing or attempt:
+                break
+            # A restarted or promoted server has no scripts: load them and go again.
+            for lua in missing:
+                await self._command(stream, "SCRIPT", "LOAD", lua.script)
+        if isinstance(taken, BaseException):
+            raise translate(taken, in_script=True) from taken
+        if int(taken) != ACQUIRED or isinstance(fenced, BaseException) or int(fenced[0]) != 1:
+            return int(taken), None
+        if len(fenced) > 3 and fenced[3] is not None and fenced[3] is not False:
+            return ACQUIRED, ReadReply(True, "0-0", [], cancelled=text(fenced[3]))
+        if int(fenced[2]) != 0 or isinstance(read, BaseException):
+            return ACQUIRED, None  # pending entries: the caller's read claims them
+        batch, largest = self._entries(_stream_entries(read))
+        return ACQUIRED, ReadReply(True, "0-0" if batch else text(fenced[1]), batch, largest)
 
     @script
     async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:

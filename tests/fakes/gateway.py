@@ -79,6 +79,7 @@ METHODS = frozenset(
         "dead_letter_assignment",
         "dead_letter_entry",
         "acquire",
+        "acquire_and_read",
         "extend_many",
         "record_leases",
         "take_leases",
@@ -790,6 +791,29 @@ class FakeGateway:
         cleared. Taken with the ended-job marker naming ``job`` -> 2; naming another
         job -> the group moves to the end and the marker goes."""
         await self._enter("acquire", stream, token, ttl_ms)
+        taken = self._acquire(stream, token, ttl_ms, replace, job)
+        await self._leave("acquire")
+        return taken
+
+    async def acquire_and_read(
+        self, stream: str, token: str, ttl_ms: int, job: str, consumer: str, count: int
+    ) -> tuple[int, ReadReply | None]:
+        """acquire.lua, fence.lua and XREADGROUP in one MULTI: the read is returned only
+        when the lock was taken; otherwise (held, or the job ended) the XREADGROUP still
+        delivered new entries, which stay pending with ``consumer``."""
+        await self._enter("acquire_and_read", stream, token, ttl_ms, consumer, count)
+        taken = self._acquire(stream, token, ttl_ms, "", job)
+        reply = None
+        if taken == 1:
+            reply = self._fenced_read(stream, token, consumer, count, ())
+        else:
+            s = self._data_stream(stream)
+            if s is not None and s.group is not None:
+                self._deliver_new(s, s.group, consumer, count)
+        await self._leave("acquire_and_read")
+        return taken, reply
+
+    def _acquire(self, stream: str, token: str, ttl_ms: int, replace: str, job: str) -> int:
         key = self.keys.lock(stream)
         lock = self._live_lock(key)
         ended = self.ended.get(stream)
@@ -816,7 +840,6 @@ class FakeGateway:
                 if ended[0] == "e":
                     self._skip_to_end(s)
                 del self.ended[stream]
-        await self._leave("acquire")
         return taken
 
     async def extend_many(self, locks: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool | None]:
@@ -1289,8 +1312,15 @@ class RawFieldsView:
         return getattr(self._gateway, name)
 
     async def fenced_read(self, *args: Any, **kwargs: Any) -> ReadReply:
-        reply = await self._gateway.fenced_read(*args, **kwargs)
-        if not reply.entries:
-            return reply
-        entries = [(i, {k.encode(): v.encode() for k, v in f.items()}) for i, f in reply.entries]
-        return reply._replace(entries=entries)
+        return _in_bytes(await self._gateway.fenced_read(*args, **kwargs))
+
+    async def acquire_and_read(self, *args: Any, **kwargs: Any) -> tuple[int, ReadReply | None]:
+        taken, reply = await self._gateway.acquire_and_read(*args, **kwargs)
+        return taken, None if reply is None else _in_bytes(reply)
+
+
+def _in_bytes(reply: ReadReply) -> ReadReply:
+    if not reply.entries:
+        return reply
+    entries = [(i, {k.encode(): v.encode() for k, v in f.items()}) for i, f in reply.entries]
+    return reply._replace(entries=entries)

@@ -88,6 +88,7 @@ FAULTY = (
     "seal",
     "finish",
     "acquire",
+    "acquire_and_read",
     "fenced_read",
     "extend_many",
     "session",

@@ -189,7 +189,8 @@ async def test_a_data_stream_of_the_wrong_type_dead_letters_its_assignment(
     fake: FakeGateway,
 ) -> None:
     assignment = fake.add_assignment("s1", None, extra="kept")
-    fake.fail("acquire", times=1_000_000, error=WrongKeyType("WRONGTYPE Operation against a key"))
+    wrong_type = WrongKeyType("WRONGTYPE Operation against a key")
+    fake.fail("acquire_and_read", times=1_000_000, error=wrong_type)
     hooks = RecordingHooks()
     runtime = make_runtime(fake, hooks)
     with anyio.fail_after(TEST_TIMEOUT_S):
@@ -201,7 +202,8 @@ async def test_a_data_stream_of_the_wrong_type_dead_letters_its_assignment(
     assert record.source_id == assignment
     assert "WRONGTYPE" in record.error
     assert record.fields.get("extra") == "kept"
-    assert len(fake.calls_of("acquire")) == 1, "a permanent error was retried"
+    assert len(fake.calls_of("acquire_and_read")) == 1, "a permanent error was retried"
+    assert fake.calls_of("acquire") == []
     assert_nothing_held(fake)
     assert fake.lbs_entries == []
 
@@ -388,7 +390,8 @@ async def test_a_read_reply_acted_on_after_a_pause_starts_nothing(fake: FakeGate
     again first, and the stream is lost."""
     fake.add_assignment("s1")
     fake.append_many("s1", 3)
-    gate = fake.gate("fenced_read", after=True)  # the read ran; its reply waits
+    # The first read goes with the acquisition: it ran; its reply waits.
+    gate = fake.gate("acquire_and_read", after=True)
     hooks = RecordingHooks()
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with running(make_runtime(fake, hooks, config=FAST_LOCK)):

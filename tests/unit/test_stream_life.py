@@ -476,7 +476,9 @@ async def test_transient_redis_failures_are_retried_without_losing_or_repeating_
     ids = fake.append_many("s1", 3)
     eos = fake.close("s1")
     fake.fail("read_assignments", times=2)
-    fake.fail("acquire", times=1, after=True)  # the lock was taken, the reply lost
+    # The lock was taken and the first entries read, the reply lost: they stay
+    # pending with us, and the retry's read claims them.
+    fake.fail("acquire_and_read", times=1, after=True)
     fake.fail("fenced_read", times=2)
     fake.fail("finish", times=1, after=True)  # completed, the reply lost
     hooks = RecordingHooks()

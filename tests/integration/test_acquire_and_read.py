@@ -1,0 +1,119 @@
+"""The lock and the first read in one MULTI (``Gateway.acquire_and_read``), against
+real Redis, standalone and cluster: what it returns in each case, and that a read
+queued behind an acquire that failed is claimed by the owner, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamjobs._keys import Keys
+from streamjobs._redis import ACQUIRED, ACQUIRED_ENDED, NOT_ACQUIRED, Gateway
+
+pytestmark = pytest.mark.anyio
+
+
+async def _pending_of(redis: Any, stream: str, group: str) -> dict[str, int]:
+    summary = await redis.xpending(stream, group)
+    return {c["name"].decode(): int(c["pending"]) for c in summary["consumers"] or []}
+
+
+async def test_a_free_lock_is_taken_with_the_first_entries(
+    redis: Any, service: str, uid: str
+) -> None:
+    gw = Gateway(redis, Keys(service))
+    stream = f"data:{uid}"
+    ids = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(5)]
+
+    taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 3)
+
+    assert taken == ACQUIRED
+    assert first is not None
+    assert first.owned
+    assert [(i, f["n"]) for i, f in first.entries] == [(ids[i], str(i)) for i in range(3)]
+    assert await redis.get(gw.keys.lock(stream)) == b"c1:1"
+    assert await _pending_of(redis, stream, gw.keys.group) == {"c1": 3}
+
+
+async def test_an_empty_stream_gives_the_id_to_wait_after(
+    redis: Any, service: str, uid: str
+) -> None:
+    gw = Gateway(redis, Keys(service))
+    stream = f"data:{uid}"
+
+    taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 10)
+
+    assert taken == ACQUIRED
+    assert first is not None
+    assert (first.owned, first.entries, first.top) == (True, [], "0-0")
+
+
+async def test_a_held_lock_leaves_the_read_to_the_owner_in_order(
+    redis: Any, service: str, uid: str
+) -> None:
+    gw = Gateway(redis, Keys(service))
+    await gw.load_scripts()  # as a consumer does at start: no NOSCRIPT retry below
+    stream = f"data:{uid}"
+    ids = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(6)]
+    assert await gw.acquire(stream, "owner:1", 5000)
+    owned = await gw.fenced_read(stream, "owner:1", "owner", 2, [])
+    assert [i for i, _ in owned.entries] == ids[:2]
+
+    taken, first = await gw.acquire_and_read(stream, "loser:1", 5000, "job", "loser", 2)
+
+    assert (taken, first) == (NOT_ACQUIRED, None)
+    assert await redis.get(gw.keys.lock(stream)) == b"owner:1"
+    # The MULTI's XREADGROUP ran anyway: entries 2 and 3 are pending with the loser.
+    assert await _pending_of(redis, stream, gw.keys.group) == {"owner": 2, "loser": 2}
+    # The owner's next read acks its batch and sees them pending: it claims the oldest
+    # pending entries (theirs, then what its own discarded read delivered), in order.
+    nxt = await gw.fenced_read(stream, "owner:1", "owner", 10, ids[:2])
+    assert nxt.claimed
+    assert [i for i, _ in nxt.entries] == ids[2:]
+    done = await gw.fenced_read(stream, "owner:1", "owner", 10, ids[2:])
+    assert done.entries == []
+    assert await _pending_of(redis, stream, gw.keys.group) == {}
+
+
+async def test_a_cancelled_stream_and_an_ended_job(redis: Any, service: str, uid: str) -> None:
+    gw = Gateway(redis, Keys(service))
+    cancelled, ended = f"data:c:{uid}", f"data:e:{uid}"
+    await redis.xadd(cancelled, {"n": "0"})
+    await redis.set(gw.keys.cancel(cancelled), "stop")
+    await redis.xadd(ended, {"n": "0"})
+    await redis.set(gw.keys.ended(ended), "n job-1")
+
+    taken, first = await gw.acquire_and_read(cancelled, "c1:1", 5000, "job", "c1", 10)
+    assert taken == ACQUIRED
+    assert first is not None
+    assert (first.cancelled, first.entries) == ("stop", [])
+
+    taken, first = await gw.acquire_and_read(ended, "c1:2", 5000, "job-1", "c1", 10)
+    assert (taken, first) == (ACQUIRED_ENDED, None)
+    assert await redis.get(gw.keys.lock(ended)) == b"c1:2"
+
+
+async def test_scripts_missing_on_the_server_are_loaded_again(
+    redis_url: str, service: str, uid: str
+) -> None:
+    """A restarted or promoted server has no scripts (standalone only: SCRIPT FLUSH on
+    the session's cluster would reach every other test's scripts)."""
+    from redis.asyncio import Redis
+
+    async with Redis.from_url(redis_url) as redis:
+        gw = Gateway(redis, Keys(service))
+        await gw.load_scripts()
+        stream = f"data:{uid}"
+        await redis.xadd(stream, {"n": "0"})
+        await redis.script_flush()
+
+        taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 10)
+
+        assert taken == ACQUIRED
+        assert first is not None
+        assert [f["n"] for _, f in first.entries] == ["0"]
+        assert await redis.script_exists(gw.scripts.acquire.sha, gw.scripts.fence.sha) == [
+            True,
+            True,
+        ]
