@@ -266,7 +266,10 @@ class Runtime(RuntimeIntake):
         async with anyio.create_task_group() as streams:
             self._streams_tg = streams
             task_status.started()
-            await anyio.sleep_forever()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                await self._stop_streams()
 
     async def _drain(self) -> None:
         """Phases 2 and 3 of shutdown: stop intake, drain within the grace period, cancel."""

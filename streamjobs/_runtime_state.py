@@ -4,6 +4,7 @@ protocol of :mod:`streamjobs._stream_state`): the base of
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -129,6 +130,7 @@ class RuntimeState:
         self._new_incarnation()
         self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
+        self._stream_tasks: set[asyncio.Task[None]] = set()  # see _start_stream
         self._cm_tg: anyio.abc.TaskGroup | None = None
         self._leases: Coalescer[str, bool] = Coalescer(self._take_leases)
 
