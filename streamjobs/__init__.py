@@ -21,6 +21,7 @@ from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import DeadLetter as DeadLetter
 from .exceptions import HandlerDirective as HandlerDirective
 from .exceptions import HandlerTimeout as HandlerTimeout
+from .exceptions import HookFailed as HookFailed
 from .exceptions import InvalidAssignment as InvalidAssignment
 from .exceptions import InvalidStreamName as InvalidStreamName
 from .exceptions import NoSuchGroup as NoSuchGroup
@@ -60,6 +61,7 @@ __all__ = (
     "EntryOutcome",
     "HandlerDirective",
     "HandlerTimeout",
+    "HookFailed",
     "Inspector",
     "InvalidAssignment",
     "InvalidStreamName",

@@ -21,6 +21,7 @@ unlocked) in a shielded, bounded step.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -42,6 +43,7 @@ from ._stats import ConsumerStatistics
 from .config import ClusterMode
 from .exceptions import (
     ConfigurationError,
+    HookFailed,
     PermissionDenied,
     RedisUnavailable,
     StreamJobsError,
@@ -167,6 +169,7 @@ class Runtime(RuntimeIntake):
                 self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
                 self.gateway.scripts.channel = Channel(self.gateway.client)
             await self._start_up_through_blips()
+            await self._user_hook("on_startup")
             await self._touch_session()
             session = True
             async with anyio.create_task_group() as tg:
@@ -190,6 +193,7 @@ class Runtime(RuntimeIntake):
         finally:
             if session:
                 await self._end_session()
+            await self._shut_down(raising=sys.exc_info()[0] is not None)
             self.running = False
             # A stop ends this run only: the next run() starts with a fresh stop signal
             # and waits to be ready again. (Reset here, not at the start, so that an
@@ -197,6 +201,26 @@ class Runtime(RuntimeIntake):
             self._stop = anyio.Event()
             self._ready = anyio.Event()
             self._stopped.set()
+
+    async def _user_hook(self, name: str) -> None:
+        """Call the user's lifecycle hook ``name``; what it raises becomes
+        :class:`HookFailed`, naming it (cancellation passes through)."""
+        try:
+            await getattr(self.hooks, name)()
+        except Exception as exc:
+            raise HookFailed(name, exc) from exc
+
+    async def _shut_down(self, *, raising: bool) -> None:
+        """``on_shutdown``, last in ``run()``: every stream has been handed back.
+        Shielded: it runs when ``run()`` is cancelled too. Its error is raised only
+        when ``run()`` is not ending with another one (``raising``); then it is logged."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._user_hook("on_shutdown")
+            except HookFailed as exc:
+                if not raising:
+                    raise
+                log.error("%s (while run() ended with another error)", exc)
 
     async def _check_eviction_policy(self) -> None:
         """Refuse to start (unless ``require_noeviction`` is off) when Redis may evict

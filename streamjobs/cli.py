@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import anyio
 import anyio.abc
@@ -48,30 +50,105 @@ class CliError(Exception):
     """A one-line error for the user (no traceback)."""
 
 
-def load_consumer_class(path: str) -> type[StreamConsumer]:
-    """Import ``MODULE:CLASS`` and check it is a concrete StreamConsumer subclass.
+def _where(exc: BaseException) -> str:
+    """Where ``exc`` was raised, as ``file:line`` (the innermost frame; a syntax error's
+    own position), or '' when unknown."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    return f"{frames[-1].filename}:{frames[-1].lineno}"
+
+
+def _raised(exc: BaseException) -> str:
+    """``exc`` in one line: its type, its message and where it was raised."""
+    where = _where(exc)
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return f"{text} ({where})" if where else text
+
+
+ConsumerFactory = Callable[..., "StreamConsumer[Any] | Awaitable[StreamConsumer[Any]]"]
+
+
+def load_consumer_target(path: str) -> type[StreamConsumer[Any]] | ConsumerFactory:
+    """Import ``MODULE:NAME``: a concrete StreamConsumer subclass, or a callable that
+    builds a consumer (a factory, see :func:`build_consumer`).
 
     Raises:
-        CliError: with a one-line explanation.
+        CliError: with a one-line explanation (an import failure names the
+            exception's type, file and line).
     """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise CliError(f"expected MODULE:CLASS, got {path!r}")
+        raise CliError(f"expected MODULE:NAME, got {path!r}")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise CliError(f"cannot import module {module_name!r}: {exc}") from None
+        raise CliError(f"cannot import module {module_name!r}: {_raised(exc)}") from None
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, type) or not issubclass(obj, StreamConsumer):
+    if isinstance(obj, type):
+        if not issubclass(obj, StreamConsumer):
+            raise CliError(f"{path} is not a StreamConsumer subclass or a factory")
+        if getattr(obj, "__abstractmethods__", None):
+            raise CliError(f"{path} does not implement handle()")
+        return obj
+    if not callable(obj):
+        raise CliError(f"{path} is not a StreamConsumer subclass or a factory")
+    return cast(ConsumerFactory, obj)
+
+
+def load_consumer_class(path: str) -> type[StreamConsumer[Any]]:
+    """Import ``MODULE:CLASS`` and check it is a concrete StreamConsumer subclass.
+
+    Raises:
+        CliError: with a one-line explanation.
+    """
+    target = load_consumer_target(path)
+    if not isinstance(target, type):
         raise CliError(f"{path} is not a StreamConsumer subclass")
-    if getattr(obj, "__abstractmethods__", None):
-        raise CliError(f"{path} does not implement handle()")
-    return obj
+    return target
+
+
+async def build_consumer(
+    target: type[StreamConsumer[Any]] | ConsumerFactory, path: str, settings: dict[str, Any]
+) -> StreamConsumer[Any]:
+    """The worker's consumer: ``target(**settings)``, awaited if the factory is async.
+
+    ``settings`` are StreamConsumer's keyword arguments (``redis``, ``service``,
+    ``config``, ``recovery``, ``cluster_mode``, ``consumer_name``, and ``metrics`` when
+    the worker serves metrics), so a factory can pass them on whole:
+    ``def make(**settings): return MyConsumer(db_url=..., **settings)``.
+
+    Raises:
+        CliError: building it raised (one line, with the exception's type and where),
+            or the factory returned something else than a consumer.
+    """
+    kind = "class" if isinstance(target, type) else "factory"
+    try:
+        built: Any = target(**settings)
+        if inspect.isawaitable(built):
+            built = await built
+    except (ConfigurationError, InvalidStreamName):
+        raise  # the library's own one-line errors
+    except Exception as exc:
+        hint = (
+            "; a class whose __init__ needs more than the consumer's arguments is run "
+            "through a factory (docs/getting-started.md#a-factory)"
+            if kind == "class" and isinstance(exc, TypeError)
+            else ""
+        )
+        raise CliError(
+            f"cannot build the consumer: {kind} {path} raised {_raised(exc)}{hint}"
+        ) from None
+    if not isinstance(built, StreamConsumer):
+        raise CliError(f"factory {path} returned {type(built).__name__}, not a StreamConsumer")
+    return built
 
 
 # Options that set one configuration field each: (flag, field, type, help). Their
@@ -97,14 +174,20 @@ _RECOVERY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
 def _worker_args(sub: Any) -> None:
     p = sub.add_parser(
         "worker",
-        help="run consumers of a StreamConsumer subclass",
-        description="Run a consumer of MODULE:CLASS until SIGTERM, SIGINT or SIGHUP (a "
+        help="run a consumer of a StreamConsumer subclass or factory",
+        description="Run a consumer of MODULE:NAME until SIGTERM, SIGINT or SIGHUP (a "
         "graceful stop: streams are handed back; a second signal stops at once).",
         epilog=f"The Redis URL is, in this order: --redis-url; else the contents of "
         f"--redis-url-file (stripped); else ${ENV_VAR}; else {DEFAULT_URL}. Giving both "
         "--redis-url and --redis-url-file is an error. Passwords are shown as ***.",
     )
-    p.add_argument("target", metavar="MODULE:CLASS")
+    p.add_argument(
+        "target",
+        metavar="MODULE:NAME",
+        help="a StreamConsumer subclass, or a factory: a callable (sync or async) that "
+        "gets the consumer's keyword arguments (redis, service, config, recovery, "
+        "cluster_mode, consumer_name, metrics) and returns a consumer",
+    )
     p.add_argument("--service", required=True)
     p.add_argument(
         "--redis-url",
@@ -261,7 +344,7 @@ async def check_connection(client: Any, url: str, *, timeout_s: float = PING_TIM
 
 
 async def run_worker(ns: argparse.Namespace) -> None:
-    cls = load_consumer_class(ns.target)
+    target = load_consumer_target(ns.target)
     consumer_cfg, recovery_cfg = build_configs(ns)
     url = redis_url(ns)
     try:
@@ -272,15 +355,16 @@ async def run_worker(ns: argparse.Namespace) -> None:
     extra: dict[str, Any] = {} if recorder is None else {"metrics": recorder}
     try:
         await check_connection(client, url)
-        consumer = cls(
-            client,
-            service=ns.service,
-            config=consumer_cfg,
-            recovery=recovery_cfg,
-            cluster_mode=ClusterMode.OSS if ns.cluster else ClusterMode.NONE,
-            consumer_name=ns.consumer_name,
+        settings: dict[str, Any] = {
+            "redis": client,
+            "service": ns.service,
+            "config": consumer_cfg,
+            "recovery": recovery_cfg,
+            "cluster_mode": ClusterMode.OSS if ns.cluster else ClusterMode.NONE,
+            "consumer_name": ns.consumer_name,
             **extra,
-        )
+        }
+        consumer = await build_consumer(target, ns.target, settings)
         server = None if recorder is None else open_metrics(consumer, recorder, ns)
         try:
             await serve(consumer)

@@ -281,6 +281,18 @@ class StreamConsumer(abc.ABC, Generic[F]):
         with reason ``handler_failed`` and the next entry follows).
         """
 
+    async def on_startup(self) -> None:
+        """Called once by :meth:`run`, once Redis answered and before the first read:
+        open what the handlers need (a database pool, an HTTP client) here, not in
+        ``__init__``. If it raises, ``run()`` raises :class:`HookFailed` and nothing
+        is acquired; :meth:`on_shutdown` is still called."""
+
+    async def on_shutdown(self) -> None:
+        """Called once at the end of :meth:`run`, after every stream was handed back or
+        finished and no handler runs any more; also after a start that failed, so
+        that what :meth:`on_startup` opened is closed. If it raises, ``run()`` raises
+        :class:`HookFailed` (unless it is already raising another error)."""
+
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
         """Called once the stream's lock is held, before its first entry is handled."""
 

@@ -16,6 +16,7 @@ translated at one boundary (``streamjobs._redis``) and chained with
     │   ├── WrongKeyType          WRONGTYPE: a key holds another kind of value
     │   └── ScriptError           a streamjobs Lua script raised an error
     ├── ClusterNotSettled         reset_topology() found the cluster mid-change
+    ├── HookFailed                on_startup() or on_shutdown() raised
     ├── HandlerTimeout            handle() ran past ConsumerConfig.handler_timeout_s
     └── HandlerDirective          raised by handle() to steer what happens to an entry
         ├── Retry                 retry this entry after delay_s
@@ -102,6 +103,19 @@ class ScriptError(RedisCommandError):
 
 class ClusterNotSettled(StreamJobsError):
     """The cluster is failing over or resharding; nothing was changed."""
+
+
+class HookFailed(StreamJobsError):
+    """A lifecycle hook (``on_startup`` or ``on_shutdown``) raised; the exception it
+    raised is the ``__cause__``.
+
+    Attributes:
+        hook: the hook's name.
+    """
+
+    def __init__(self, hook: str, error: BaseException) -> None:
+        super().__init__(f"{hook}() raised {type(error).__name__}: {bounded(str(error))}")
+        self.hook = hook
 
 
 class HandlerTimeout(StreamJobsError, TimeoutError):

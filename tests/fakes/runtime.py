@@ -83,6 +83,8 @@ class RecordingHooks:
         self.lost: list[str] = []
         self.in_flight: set[str] = set()
         self.peak_in_flight = 0
+        self.lifecycle: list[str] = []
+        """``"startup"`` and ``"shutdown"``, per ``on_startup`` / ``on_shutdown`` call."""
 
     async def handle(self, message: Message) -> None:
         self.calls.append(message)
@@ -94,6 +96,12 @@ class RecordingHooks:
         finally:
             self.in_flight.discard(message.stream)
         self.handled.append(message)
+
+    async def on_startup(self) -> None:
+        self.lifecycle.append("startup")
+
+    async def on_shutdown(self) -> None:
+        self.lifecycle.append("shutdown")
 
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
         self.started.append((stream, dict(info)))

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from streamjobs import DeadLetter, Message, StreamConsumer
 
@@ -62,3 +64,53 @@ class RejectingWorker(RecordingWorker):
         if n == "die" and self.consumer_name == "c0":
             os.kill(os.getpid(), signal.SIGKILL)
         await super().handle(message)
+
+
+def lifecycle_key(service: str) -> str:
+    return f"faults:{service}:lifecycle"
+
+
+class PooledWorker(RecordingWorker):
+    """Needs a resource of its own (``db_url``): built by :func:`make_pooled`. Its
+    lifecycle hooks record, in Redis, when they ran against what it owned then."""
+
+    def __init__(self, *args: Any, db_url: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.db_url = db_url
+        self.pool: list[str] | None = None
+
+    async def on_startup(self) -> None:
+        self.pool = [self.db_url]
+        await self.redis.rpush(
+            lifecycle_key(self.service), f"startup owned={len(self.owned_streams)}"
+        )
+
+    async def handle(self, message: Message) -> None:
+        assert self.pool is not None, "handle() before on_startup()"
+        await super().handle(message)
+
+    async def on_shutdown(self) -> None:
+        self.pool = None
+        await self.redis.rpush(
+            lifecycle_key(self.service), f"shutdown owned={len(self.owned_streams)}"
+        )
+
+
+def make_pooled(**settings: Any) -> PooledWorker:
+    """A factory: what ``streamjobs worker tests.faults.workers:make_pooled`` runs."""
+    return PooledWorker(db_url=os.environ.get("POOL_DB_URL", "db://default"), **settings)
+
+
+async def make_pooled_async(**settings: Any) -> PooledWorker:
+    await anyio.lowlevel.checkpoint()
+    return make_pooled(**settings)
+
+
+class FailingStartup(RecordingWorker):
+    """``on_startup`` fails (a database that is not there); ``on_shutdown`` records."""
+
+    async def on_startup(self) -> None:
+        raise ConnectionRefusedError("database at db://nowhere refused the connection")
+
+    async def on_shutdown(self) -> None:
+        await self.redis.rpush(lifecycle_key(self.service), "shutdown")

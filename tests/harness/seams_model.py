@@ -344,6 +344,12 @@ class _Hooks:
         if message.fields.get("finish"):  # the producer's way of saying "that's enough"
             self.model.runtimes[self.consumer].finish(message.stream)
 
+    async def on_startup(self) -> None:
+        pass
+
+    async def on_shutdown(self) -> None:
+        pass
+
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None:
         pass
 

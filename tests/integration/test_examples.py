@@ -210,3 +210,43 @@ def test_cancel_example_removes_and_signals(redis_url: str) -> None:
     assert f"started {service}:export:2" not in out  # the removed one never ran
     assert "ended normally" not in out
     assert keys_left(redis_url, service) == []
+
+
+@pytest.mark.redis
+def test_resources_example_opens_and_closes_its_archive_around_the_work(
+    redis_url: str, service: str, uid: str, tmp_path: Path
+) -> None:
+    import json
+    import time
+
+    from streamjobs._wire import EOS_FIELD, EOS_VALUE, build_fields
+
+    archive = tmp_path / "archive.jsonl"
+    stream = f"notes:{uid}"
+    with SyncRedis.from_url(redis_url) as client:
+        client.xadd(stream, {"text": "hello"})
+        client.xadd(stream, {EOS_FIELD: EOS_VALUE})
+        client.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(stream, {}))
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "streamjobs", "worker", "resources.app:make",
+             "--service", service, "--redis-url", redis_url],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "examples"), "ARCHIVE_PATH": str(archive)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while not (archive.exists() and archive.read_text()):
+                assert time.monotonic() < deadline, "nothing archived"
+                time.sleep(0.05)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            out, _ = worker.communicate(timeout=30)
+        assert worker.returncode == 0, out
+        [line] = archive.read_text().splitlines()
+        assert json.loads(line) == {"stream": stream, "id": json.loads(line)["id"], "text": "hello"}
+        for key in client.scan_iter(match=f"*{service}*"):
+            client.delete(key)
+        client.delete(stream)

@@ -46,7 +46,7 @@ def worker(*args: str) -> subprocess.CompletedProcess[str]:
         ("streamjobs:Nope", "has no attribute 'Nope'"),
         ("streamjobs:Producer", "is not a StreamConsumer subclass"),
         ("streamjobs:StreamConsumer", "does not implement handle()"),
-        ("nocolon", "expected MODULE:CLASS"),
+        ("nocolon", "expected MODULE:NAME"),
     ],
 )
 def test_bad_targets_give_one_line_errors(target: str, message: str) -> None:

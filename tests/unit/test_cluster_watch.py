@@ -112,7 +112,11 @@ async def test_a_clean_stop_whose_final_close_fails_still_ends_cleanly(
     async def fine(*args: Any) -> None:
         return None
 
-    monkeypatch.setattr(cli, "load_consumer_class", lambda target: lambda *a, **k: object())
+    async def built(*args: Any) -> object:
+        return object()
+
+    monkeypatch.setattr(cli, "load_consumer_target", lambda target: object)
+    monkeypatch.setattr(cli, "build_consumer", built)
     monkeypatch.setattr(cli, "build_configs", lambda ns: (None, None))
     monkeypatch.setattr(cli, "redis_url", lambda ns: "redis://127.0.0.1:1/0")
     monkeypatch.setattr(cli, "connect", lambda url, cluster: _ClosingFails())
