@@ -27,8 +27,9 @@ from ._deadletter import DeadLetterRecord
 from ._keys import DEFAULT_PREFIX, Keys
 from ._operator import OperatorGateway, owner_of
 from .dlq import DeadLetterFilter, DeadLetters, ReplayReport
+from .exceptions import StreamJobsError
 from .inspector import Inspector, Overview
-from .producer import Producer
+from .producer import CancelOutcome, Producer
 
 PROGRESS_FROM = 200
 """Replays and purges of more dead letters than this show a progress bar."""
@@ -324,12 +325,16 @@ async def run_cancel(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
     producer = Producer(client, service=ns.service, key_prefix=ns.key_prefix)
     await _inspector(client, ns).check_service(queued_only=True)
     outcome = await producer.cancel_stream(ns.stream, ns.reason)
+    if outcome is CancelOutcome.NOT_FOUND:
+        raise StreamJobsError(
+            f"{ns.stream}: not found: no unfinished assignment and no lock in service "
+            f"{ns.service!r}; nothing done"
+        )
     messages = {
-        "removed": "removed its queued assignment",
-        "signalled": "its owner ends it within one read batch",
-        "not_found": "no unfinished assignment and no lock: nothing done",
+        CancelOutcome.REMOVED: "removed its queued assignment",
+        CancelOutcome.SIGNALLED: "its owner ends it within one read batch",
     }
-    out.write(f"{ns.stream}: {outcome.value}: {messages[outcome.value]}\n")
+    out.write(f"{ns.stream}: {outcome.value}: {messages[outcome]}\n")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import importlib
 import inspect
 import logging
@@ -55,8 +56,14 @@ def _where(exc: BaseException) -> str:
     own position), or '' when unknown."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
+    # The import machinery's own frames say nothing to the user.
+    machinery = os.path.dirname(importlib.__file__)
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<", machinery))
+    ]
+    if not frames or frames[-1].filename == __file__:
         return ""
     return f"{frames[-1].filename}:{frames[-1].lineno}"
 
@@ -151,9 +158,115 @@ async def build_consumer(
     return built
 
 
+def _enum(cls: type[enum.Enum]) -> Callable[[str], Any]:
+    """An argparse type for the enum ``cls`` by value, whose error lists the choices."""
+    choices = ", ".join(str(m.value) for m in cls)
+
+    def convert(value: str) -> Any:
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not one of: {choices}") from None
+
+    convert.__name__ = cls.__name__
+    return convert
+
+
+ENV_PREFIX = "STREAMJOBS_"
+"""Every ``streamjobs worker`` option ``--some-option`` is also read from the
+environment variable ``STREAMJOBS_SOME_OPTION``; a flag wins over it."""
+
+_DEFAULTS: dict[str, Any] = {"metrics_host": "0.0.0.0", "log_level": "INFO"}
+"""Defaults of worker options resolved after the environment (argparse's are None, so
+that an option not given can be told from one given its default value)."""
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def env_name(flag: str) -> str:
+    """The environment variable of option ``flag``: ``--lock-ttl`` -> ``STREAMJOBS_LOCK_TTL``."""
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _env_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The options of ``parser`` that the environment can set (not ``--help``)."""
+    return [
+        a
+        for a in parser._actions
+        if a.option_strings and not isinstance(a, argparse._HelpAction | argparse._VersionAction)
+    ]
+
+
+def _from_env(action: argparse.Action, name: str, raw: str) -> Any:
+    """``raw`` (the value of environment variable ``name``) converted as ``action``
+    converts its argument.
+
+    Raises:
+        CliError: it cannot be converted (names the variable, and an enum's choices).
+    """
+    if isinstance(action, argparse._StoreTrueAction):
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise CliError(f"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE[:-1])}")
+    convert = action.type if callable(action.type) else str
+    try:
+        return convert(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"{name}: {exc}") from None
+    except (TypeError, ValueError):
+        kind = getattr(convert, "__name__", "a")
+        raise CliError(f"{name}: invalid {kind} value {raw!r}") from None
+
+
+def apply_environment(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, env: Mapping[str, str] = os.environ
+) -> None:
+    """Fill the options of ``ns`` (parsed by the worker's ``parser``) that were not given
+    from their ``STREAMJOBS_*`` variables, then from :data:`_DEFAULTS`; record in
+    ``ns.sources`` where each value came from (a flag, or ``VAR=value``), so that a
+    value that breaks a rule is reported against its source.
+
+    The Redis URL's own order (flag, file, variable) is :func:`redis_url`'s.
+
+    Raises:
+        CliError: a variable cannot be converted, or two exclusive options were set.
+    """
+    sources: dict[str, str] = {}
+    for action in _env_options(parser):
+        flag, dest = action.option_strings[-1], action.dest
+        given = getattr(ns, dest, None)
+        if isinstance(action, argparse._StoreTrueAction) and given:
+            sources[dest] = flag
+            continue
+        if given is not None and not isinstance(action, argparse._StoreTrueAction):
+            sources[dest] = flag
+            continue
+        name = env_name(flag)
+        if dest in ("redis_url", "redis_url_file") or env.get(name) is None:
+            continue
+        value = _from_env(action, name, env[name])
+        if isinstance(action, argparse._StoreTrueAction) and not value:
+            continue
+        setattr(ns, dest, value)
+        sources[dest] = f"{name}={env[name]}"
+    if getattr(ns, "allow_eviction", False) and getattr(ns, "require_noeviction", False):
+        raise CliError(
+            f"{sources['allow_eviction']} and {sources['require_noeviction']} contradict each other"
+        )
+    for dest, default in _DEFAULTS.items():
+        if getattr(ns, dest, None) is None:
+            setattr(ns, dest, default)
+    if getattr(ns, "service", None) is None:
+        raise CliError(f"--service is required (or set {env_name('--service')})")
+    ns.sources = sources
+
+
 # Options that set one configuration field each: (flag, field, type, help). Their
 # defaults are the dataclasses' own: an option not given is not passed on.
-_CONSUMER_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+_CONSUMER_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--concurrency", "max_concurrent_streams", int, "max concurrent streams"),
     ("--lock-ttl", "lock_ttl_s", float, "lock TTL, seconds"),
     ("--heartbeat", "heartbeat_interval_s", float, "heartbeat interval, seconds"),
@@ -162,24 +275,27 @@ _CONSUMER_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
     ("--max-attempts", "max_handler_attempts", int, "handler attempts per entry"),
     ("--grace", "shutdown_grace_s", float, "shutdown grace period, seconds"),
     ("--handler-timeout", "handler_timeout_s", float, "longest handle() call, seconds"),
-    ("--liveness", "liveness", Liveness, "lock or session (docs/design.md#liveness)"),
+    ("--liveness", "liveness", _enum(Liveness), "lock or session (docs/design.md#liveness)"),
 )
-_RECOVERY_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+_RECOVERY_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--scan-interval", "interval_s", float, "reconciliation scan period, seconds"),
     ("--min-idle", "min_idle_s", float, "scan only assignments idle this long, seconds"),
     ("--max-retries", "max_retries", int, "re-queues before an assignment is dead-lettered"),
 )
 
 
-def _worker_args(sub: Any) -> None:
+def _worker_args(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "worker",
         help="run a consumer of a StreamConsumer subclass or factory",
         description="Run a consumer of MODULE:NAME until SIGTERM, SIGINT or SIGHUP (a "
         "graceful stop: streams are handed back; a second signal stops at once).",
-        epilog=f"The Redis URL is, in this order: --redis-url; else the contents of "
-        f"--redis-url-file (stripped); else ${ENV_VAR}; else {DEFAULT_URL}. Giving both "
-        "--redis-url and --redis-url-file is an error. Passwords are shown as ***.",
+        epilog=f"Every option can also come from the environment variable shown with it "
+        f"({ENV_PREFIX}<OPTION>; a flag wins over it; a flag's variable takes 1/true/yes/on "
+        f"or 0/false/no/off). The Redis URL is, in this order: --redis-url; else the "
+        f"contents of --redis-url-file (stripped); else ${ENV_VAR}; else the contents of "
+        f"${ENV_VAR}_FILE; else {DEFAULT_URL}. Giving both --redis-url and "
+        "--redis-url-file is an error. Passwords are shown as ***.",
     )
     p.add_argument(
         "target",
@@ -188,7 +304,7 @@ def _worker_args(sub: Any) -> None:
         "gets the consumer's keyword arguments (redis, service, config, recovery, "
         "cluster_mode, consumer_name, metrics) and returns a consumer",
     )
-    p.add_argument("--service", required=True)
+    p.add_argument("--service", default=None, help="the service name (required)")
     p.add_argument(
         "--redis-url",
         default=None,
@@ -203,7 +319,6 @@ def _worker_args(sub: Any) -> None:
         f"--redis-url is not given, before ${ENV_VAR}",
     )
     p.add_argument("--cluster", action="store_true", help="connect to an OSS Redis Cluster")
-    p.add_argument("--consumer-name", default=None)
     for flag, field, kind, text in (*_CONSUMER_OPTIONS, *_RECOVERY_OPTIONS):
         p.add_argument(flag, dest=field, type=kind, default=None, help=f"{text} ({field})")
     eviction = p.add_mutually_exclusive_group()
@@ -233,15 +348,23 @@ def _worker_args(sub: Any) -> None:
     )
     p.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default=None,
         metavar="ADDR",
         help="address the metrics port listens on (default 0.0.0.0: every interface)",
     )
-    p.add_argument("--log-level", default="INFO", help=f"one of {', '.join(LOG_LEVELS)}")
+    p.add_argument(
+        "--log-level", default=None, help=f"one of {', '.join(LOG_LEVELS)} (default INFO)"
+    )
+    p.add_argument("--consumer-name", default=None, help="default: host-pid-random")
+    for action in _env_options(p):
+        variable = env_name(action.option_strings[-1])
+        action.help = f"{action.help or ''} [env {variable}]".strip()
+    parser: argparse.ArgumentParser = p
+    return parser
 
 
 def _given(
-    ns: argparse.Namespace, options: tuple[tuple[str, str, type, str], ...]
+    ns: argparse.Namespace, options: tuple[tuple[str, str, Callable[[str], Any], str], ...]
 ) -> dict[str, Any]:
     return {f: getattr(ns, f) for _, f, _, _ in options if getattr(ns, f) is not None}
 
@@ -252,14 +375,20 @@ def build_configs(ns: argparse.Namespace) -> tuple[ConsumerConfig, RecoveryConfi
     Raises:
         ConfigurationError: a value breaks a rule (names the field).
     """
-    consumer = ConsumerConfig(
-        **_given(ns, _CONSUMER_OPTIONS), require_noeviction=not ns.allow_eviction
-    )
-    recovery = _given(ns, _RECOVERY_OPTIONS)
-    recovery.setdefault("min_idle_s", default_min_idle_s(consumer.lock_ttl_s))
-    return consumer, RecoveryConfig(
-        **recovery, configure_keyspace_events=not ns.no_configure_keyspace
-    )
+    try:
+        consumer = ConsumerConfig(
+            **_given(ns, _CONSUMER_OPTIONS), require_noeviction=not ns.allow_eviction
+        )
+        recovery = _given(ns, _RECOVERY_OPTIONS)
+        recovery.setdefault("min_idle_s", default_min_idle_s(consumer.lock_ttl_s))
+        return consumer, RecoveryConfig(
+            **recovery, configure_keyspace_events=not ns.no_configure_keyspace
+        )
+    except ConfigurationError as exc:
+        source = getattr(ns, "sources", {}).get(exc.field)
+        if source is None:
+            raise
+        raise ConfigurationError(source, f"{exc.rule} ({exc.field})") from None
 
 
 def redis_url(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> str:
@@ -285,6 +414,13 @@ def redis_url(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> st
         source = "--redis-url-file"
     elif env.get(ENV_VAR):
         url, source = env[ENV_VAR].strip(), ENV_VAR
+    elif env.get(ENV_VAR + "_FILE"):
+        path = env[ENV_VAR + "_FILE"]
+        source = ENV_VAR + "_FILE"
+        try:
+            url = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"{source}: cannot read {path}: {exc}") from None
     else:
         url, source = DEFAULT_URL, "the default URL"
     try:
@@ -293,15 +429,15 @@ def redis_url(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> st
         raise CliError(f"{source}: {exc}") from None
 
 
-def log_level(value: str) -> str:
+def log_level(value: str, source: str = "--log-level") -> str:
     """``value`` as a logging level name.
 
     Raises:
-        CliError: not one of :data:`LOG_LEVELS`.
+        CliError: not one of :data:`LOG_LEVELS` (names ``source``).
     """
     level = value.upper()
     if level not in LOG_LEVELS:
-        raise CliError(f"--log-level: {value!r} is not one of {', '.join(LOG_LEVELS)}")
+        raise CliError(f"{source}: {value!r} is not one of {', '.join(LOG_LEVELS)}")
     return level
 
 
@@ -344,8 +480,8 @@ async def check_connection(client: Any, url: str, *, timeout_s: float = PING_TIM
 
 
 async def run_worker(ns: argparse.Namespace) -> None:
-    target = load_consumer_target(ns.target)
     consumer_cfg, recovery_cfg = build_configs(ns)
+    target = load_consumer_target(ns.target)
     url = redis_url(ns)
     try:
         client = connect(url, cluster=ns.cluster)
@@ -468,16 +604,24 @@ async def run_operation(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="streamjobs")
+    parser.add_argument("--version", action="version", version=f"streamjobs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    _worker_args(sub)
+    worker_parser = _worker_args(sub)
     ops.add_commands(sub, ENV_VAR, DEFAULT_URL)
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra:  # reported with the usage of the command that was given them
+        command = sub.choices.get(ns.command, parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if ns.command == "worker":
+            apply_environment(worker_parser, ns)
         if ns.command != "worker":
             logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
             return anyio.run(run_operation, ns)
-        level = log_level(getattr(ns, "log_level", "INFO"))
+        level = log_level(ns.log_level, ns.sources.get("log_level", "--log-level"))
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         anyio.run(run_worker, ns)
     except KeyboardInterrupt:
@@ -499,6 +643,12 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 def _exit_code(exc: BaseException) -> int | None:
     """Print ``exc`` as one line and return the exit code; None for a bug (traceback)."""
+    if isinstance(exc, BrokenPipeError):
+        # The reader went away (``streamjobs status | head -3``): nothing to say, and
+        # the interpreter's final flush must not fail on the closed pipe either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     if isinstance(exc, CliError | ops.UsageError):
         print(f"streamjobs: error: {exc}", file=sys.stderr)
         return 2
@@ -512,3 +662,7 @@ def _exit_code(exc: BaseException) -> int | None:
         print(f"streamjobs: error: {exc}", file=sys.stderr)
         return 1
     return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -257,3 +257,51 @@ async def test_status_watch_refreshes_until_interrupted(
             while True:
                 errors += await process.stderr.receive()
         assert b"Traceback" not in errors
+
+
+async def test_cancel_of_an_unknown_stream_is_one_line_and_exit_1(
+    request: pytest.FixtureRequest, redis: Any, service: str, uid: str
+) -> None:
+    url, flags = url_of(request, redis)
+    await redis.xgroup_create(Keys(service).assignments, service, id="0", mkstream=True)
+    done = await cli(url, "cancel", f"nothing:{uid}", "--service", service, *flags)
+    assert done.returncode == 1, done.stdout
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"streamjobs: error: nothing:{uid}: not found: no unfinished assignment and no lock "
+        f"in service {service!r}; nothing done\n"
+    )
+
+
+async def test_a_reader_that_goes_away_ends_the_output_quietly(
+    request: pytest.FixtureRequest, redis: Any, service: str
+) -> None:
+    """``streamjobs status --watch ... | head -1``: once the reader has gone, the next
+    write fails on the closed pipe; that ends the command with 141 and no traceback."""
+    url, flags = url_of(request, redis)
+    await redis.xgroup_create(Keys(service).assignments, service, id="0", mkstream=True)
+
+    def run() -> tuple[int, str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamjobs", "status", "--service", service,
+             "--watch", "0.05", *flags],
+            cwd=ROOT,
+            env={**os.environ, "STREAMJOBS_REDIS_URL": url, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        with proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            first = proc.stdout.readline()
+            proc.stdout.close()
+            try:
+                code = proc.wait(timeout=30)
+            finally:
+                proc.kill()
+            assert first.startswith(f"service {service}"), first
+            return code, proc.stderr.read()
+
+    code, err = await anyio.to_thread.run_sync(run)
+    assert (code, err) == (141, "")

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import redis.exceptions
 
-from streamjobs import ConfigurationError, ConsumerConfig, RecoveryConfig, RedisUnavailable
+import streamjobs
+from streamjobs import (
+    ConfigurationError,
+    ConsumerConfig,
+    Liveness,
+    RecoveryConfig,
+    RedisUnavailable,
+)
 from streamjobs._redis import is_tls_failure
 from streamjobs._urls import ENV_VAR, redact, scrub
 from streamjobs.cli import (
@@ -199,7 +206,8 @@ def test_help_gives_the_url_precedence() -> None:
     )
     assert (
         f"in this order: --redis-url; else the contents of --redis-url-file (stripped); "
-        f"else ${ENV_VAR}; else redis://127.0.0.1:6379/0" in r.stdout
+        f"else ${ENV_VAR}; else the contents of ${ENV_VAR}_FILE; else "
+        "redis://127.0.0.1:6379/0" in r.stdout
     )
     assert "SIGHUP" in r.stdout
 
@@ -263,3 +271,118 @@ async def test_the_connection_check_tries_a_dropped_connection_once_more() -> No
     client = _DroppedOnce()
     await check_connection(client, "redis://127.0.0.1:6379/0", timeout_s=5)
     assert client.pings == 2
+
+
+# -- settings from the environment, and one-line errors naming their source --------
+
+
+def test_every_worker_option_names_its_environment_variable_in_help() -> None:
+    from streamjobs.cli import _env_options, _worker_args, env_name
+
+    parser = argparse.ArgumentParser()
+    worker = _worker_args(parser.add_subparsers())
+    options = _env_options(worker)
+    assert len(options) >= 20
+    for action in options:
+        assert action.help is not None
+        assert action.help.endswith(f"[env {env_name(action.option_strings[-1])}]"), action
+    assert env_name("--redis-url") == ENV_VAR  # the variable that always existed
+
+
+def _worker_ns(*args: str, env: dict[str, str]) -> argparse.Namespace:
+    from streamjobs.cli import _worker_args, apply_environment
+
+    parser = argparse.ArgumentParser()
+    worker = _worker_args(parser.add_subparsers(dest="command"))
+    ns = parser.parse_args(["worker", "m:C", *args])
+    apply_environment(worker, ns, env)
+    return ns
+
+
+def test_the_environment_fills_what_the_flags_do_not_and_a_flag_wins() -> None:
+    ns = _worker_ns(
+        "--lock-ttl",
+        "3",
+        env={
+            "STREAMJOBS_SERVICE": "svc",
+            "STREAMJOBS_LOCK_TTL": "9",
+            "STREAMJOBS_CONCURRENCY": "7",
+            "STREAMJOBS_LIVENESS": "LOCK",
+            "STREAMJOBS_CLUSTER": "yes",
+            "STREAMJOBS_NO_CONFIGURE_KEYSPACE": "0",
+            "STREAMJOBS_METRICS_PORT": "9100",
+        },
+    )
+    assert (ns.service, ns.lock_ttl_s, ns.max_concurrent_streams) == ("svc", 3.0, 7)
+    assert (ns.liveness, ns.cluster, ns.no_configure_keyspace) == (Liveness.LOCK, True, False)
+    assert (ns.metrics_port, ns.metrics_host, ns.log_level) == (9100, "0.0.0.0", "INFO")
+    assert ns.sources["lock_ttl_s"] == "--lock-ttl"
+    assert ns.sources["max_concurrent_streams"] == "STREAMJOBS_CONCURRENCY=7"
+    consumer, _ = build_configs(ns)
+    assert (consumer.lock_ttl_s, consumer.max_concurrent_streams) == (3.0, 7)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        ((), {"STREAMJOBS_SERVICE": "s", "STREAMJOBS_LOCK_TTL": "abc"},
+         "STREAMJOBS_LOCK_TTL: invalid float value 'abc'"),
+        ((), {"STREAMJOBS_SERVICE": "s", "STREAMJOBS_LIVENESS": "never"},
+         "STREAMJOBS_LIVENESS: 'never' is not one of: lock, session"),
+        ((), {"STREAMJOBS_SERVICE": "s", "STREAMJOBS_CLUSTER": "maybe"},
+         "STREAMJOBS_CLUSTER='maybe': expected one of 1, true, yes, on, 0, false, no, off"),
+        ((), {}, "--service is required (or set STREAMJOBS_SERVICE)"),
+        (("--allow-eviction",), {"STREAMJOBS_SERVICE": "s", "STREAMJOBS_REQUIRE_NOEVICTION": "1"},
+         "--allow-eviction and STREAMJOBS_REQUIRE_NOEVICTION=1 contradict each other"),
+    ],
+)  # fmt: skip
+def test_a_bad_environment_value_is_one_line_naming_the_variable(
+    args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(CliError) as raised:
+        _worker_ns(*args, env=env)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("--service", "s", "--lock-ttl", "-1"), {},
+         "streamjobs: invalid configuration: --lock-ttl: must be > 0, got -1.0 (lock_ttl_s)"),
+        (("--service", "s"), {"STREAMJOBS_LOCK_TTL": "-2"},
+         "streamjobs: invalid configuration: STREAMJOBS_LOCK_TTL=-2: must be > 0, got -2.0 "
+         "(lock_ttl_s)"),
+        (("--service", "s", "--liveness", "sometimes"), {},
+         "streamjobs worker: error: argument --liveness: 'sometimes' is not one of: lock, "
+         "session"),
+        (("--service", "s", "--log-level", "loud"), {},
+         "streamjobs: error: --log-level: 'loud' is not one of DEBUG, INFO, WARNING, ERROR, "
+         "CRITICAL"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_names_the_flag_or_variable_it_came_from(
+    args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("STREAMJOBS_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "streamjobs", "worker", "tests.faults.workers:RecordingWorker",
+         *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**clean, **env},
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == message
+
+
+def test_version_and_the_usage_of_the_command_that_was_given_a_wrong_option() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "streamjobs.cli", "--version"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (r.returncode, r.stdout.strip()) == (0, f"streamjobs {streamjobs.__version__}")
+    r = subprocess.run(
+        [sys.executable, "-m", "streamjobs", "worker", "m:C", "--service", "s", "--bogus"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.startswith("usage: streamjobs worker ")
+    assert r.stderr.strip().endswith("streamjobs worker: error: unrecognized arguments: --bogus")

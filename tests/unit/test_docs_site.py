@@ -30,7 +30,7 @@ import pytest
 
 import streamjobs
 from streamjobs import ConsumerConfig, RecoveryConfig
-from streamjobs.cli import _worker_args
+from streamjobs.cli import _worker_args, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -192,6 +192,11 @@ def test_worker_options_table_matches_the_parser() -> None:
         m = re.fullmatch(r"`([^`]+)`", row[0])
         assert m, f"worker option row does not start with the option in backticks: {row}"
         documented[m[1]] = row[1]
+        # Each option's environment variable, as the worker reads it and its --help says.
+        variable = f"`{env_name(m[1])}`" if m[1].startswith("--") else "—"
+        assert row[4] == variable, f"{m[1]}: environment {row[4]}, the worker reads {variable}"
+        if m[1].startswith("--"):
+            assert f"[env {env_name(m[1])}]" in (actions[m[1]].help or ""), m[1]
     assert sorted(set(actions) - set(documented)) == [], "worker options not documented"
     assert sorted(set(documented) - set(actions)) == [], "documented options that do not exist"
     for option, field_cell in documented.items():
