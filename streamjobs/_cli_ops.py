@@ -91,6 +91,12 @@ def add_commands(sub: Any, env_var: str, default_url: str) -> None:
                 action="store_true",
                 help="every dead letter, when no ID or filter is given",
             )
+        if name == "purge":
+            q.add_argument(
+                "--yes",
+                action="store_true",
+                help="purge --all without asking (it asks on a terminal, and refuses elsewhere)",
+            )
 
     c = sub.add_parser("cancel", help="cancel a data stream's job")
     add_connection_args(c, env_var, default_url)
@@ -163,10 +169,13 @@ def _more(total: int, shown: int, out: TextIO) -> None:
 
 
 def print_overview(view: Overview, out: TextIO) -> None:
+    oldest = ""
+    if view.streams or view.pending:  # else nothing is pending: no age to give
+        oldest = f"; oldest pending {view.oldest_pending_age_s:.1f}s"
     out.write(
         f"service {view.service}: {len(view.streams)} owned, {len(view.pending)} pending "
-        f"without an owner, {view.queued} queued; oldest pending "
-        f"{view.oldest_pending_age_s:.1f}s; {view.dlq.length} dead letter(s)\n\n"
+        f"without an owner, {view.queued} queued{oldest}; {view.dlq.length} dead "
+        "letter(s)\n\n"
     )
     out.write(f"consumers ({len(view.consumers)})\n")
     rows: list[tuple[Any, ...]] = [
@@ -234,10 +243,15 @@ async def _show_status(inspector: Inspector, ns: argparse.Namespace, out: TextIO
     view = await inspector.overview()
     if ns.watch is not None and out.isatty():
         out.write("\x1b[H\x1b[2J")  # home and clear: refresh in place
-    if ns.json:
+    if ns.json and ns.watch is not None:
+        # JSON Lines: one document per refresh, on one line, flushed at once, so that
+        # a reader (jq, a log shipper) sees each as it comes.
+        out.write(json.dumps(view.to_json(), separators=(",", ":")) + "\n")
+    elif ns.json:
         out.write(json.dumps(view.to_json(), indent=2) + "\n")
     else:
         print_overview(view, out)
+    out.flush()
     out.flush()
 
 
@@ -312,6 +326,8 @@ async def run_dlq(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
             done = "would replay" if ns.dry_run else "replayed"
             out.write(f"{done}: {len(report.replayed)}, skipped: {len(report.skipped)}\n")
         return 0
+    if ns.all and not (ns.ids or selection) and not ns.dry_run and not ns.yes:
+        await _confirm_purge_all(letters, ns)
     with progress_bar("purging") as update:
         ids = await letters.purge(target, dry_run=ns.dry_run, progress=update)
     if ns.json:
@@ -319,6 +335,22 @@ async def run_dlq(client: Any, ns: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(f"{'would purge' if ns.dry_run else 'purged'}: {len(ids)}\n")
     return 0
+
+
+async def _confirm_purge_all(letters: DeadLetters, ns: argparse.Namespace) -> None:
+    """``dlq purge --all`` deletes what cannot be recovered: ask on a terminal; refuse
+    without one (a script must say ``--yes``).
+
+    Raises:
+        UsageError: not confirmed.
+    """
+    count = len(await letters.purge(DeadLetterFilter(), dry_run=True))
+    what = f"all {count} dead letter(s) of service {ns.service!r}"
+    if not sys.stdin.isatty():
+        raise UsageError(f"dlq purge --all would delete {what}: add --yes to confirm")
+    answer = await anyio.to_thread.run_sync(input, f"delete {what} for good? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("dlq purge --all: not confirmed; nothing deleted")
 
 
 async def run_cancel(client: Any, ns: argparse.Namespace, out: TextIO) -> int:

@@ -46,7 +46,7 @@ class HealthServer:
                 path = self.path.split("?", 1)[0]
                 probe = probes.get(path)
                 if probe is None:
-                    if path in ("/metrics", "/"):
+                    if path == "/metrics":
                         super().do_GET()
                     else:
                         self._reply(404, "not found: try /metrics, /healthz or /readyz")

@@ -30,6 +30,7 @@ from typing import Any, TextIO, cast
 
 import anyio
 import anyio.abc
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
 from . import _cli_ops as ops
 from ._http import HealthServer
@@ -487,7 +488,14 @@ async def run_worker(ns: argparse.Namespace) -> None:
         client = connect(url, cluster=ns.cluster)
     except ValueError as exc:  # what check() does not catch, redis-py refuses here
         raise CliError(f"invalid Redis URL {redact(url)}: {scrub(str(exc), url)}") from None
-    recorder = PrometheusRecorder() if ns.metrics_port is not None else None
+    recorder = None
+    if ns.metrics_port is not None:
+        recorder = PrometheusRecorder()
+        # The process's own series too (process_*: CPU, memory, file descriptors;
+        # python_*: version, garbage collection), as a Prometheus client usually has.
+        ProcessCollector(registry=recorder.registry)
+        PlatformCollector(registry=recorder.registry)
+        GCCollector(registry=recorder.registry)
     extra: dict[str, Any] = {} if recorder is None else {"metrics": recorder}
     try:
         await check_connection(client, url)

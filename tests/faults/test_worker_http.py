@@ -125,4 +125,12 @@ def test_metrics_show_a_kill_9_recovery(
     assert sample(body, "streamjobs_stream_events_total", service=service, event="finished") == 1
     ok = sample(body, "streamjobs_entry_handling_seconds_count", service=service, outcome="ok")
     assert ok >= 1
+    # The process's own series, as a Prometheus client has them; / is not the metrics.
+    assert sample(body, "process_resident_memory_bytes") > 0
+    assert sample(body, "process_open_fds") > 0
+    assert "python_info{" in body
+    assert "python_gc_objects_collected_total{" in body
+    status, text = get(ports["b"], "/")
+    assert status == 404
+    assert "streamjobs_" not in text
     assert survivor.stop() == 0

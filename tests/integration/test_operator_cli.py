@@ -243,8 +243,11 @@ async def test_status_watch_refreshes_until_interrupted(
         assert process.stderr is not None
         output = b""
         with anyio.fail_after(30):
-            while output.count(b'"service": {') < 2:  # refreshed at least once
+            while output.count(b"\n") < 2:  # refreshed at least once
                 output += await process.stdout.receive()
+        # JSON Lines: each refresh one document on one line.
+        documents = [json.loads(line) for line in output.split(b"\n")[:2]]
+        assert [d["service"]["name"] for d in documents] == [service, service]
         process.send_signal(signal.SIGINT)
         try:
             with anyio.fail_after(10):
@@ -305,3 +308,27 @@ async def test_a_reader_that_goes_away_ends_the_output_quietly(
 
     code, err = await anyio.to_thread.run_sync(run)
     assert (code, err) == (141, "")
+
+
+async def test_nothing_pending_gives_no_oldest_age_and_purge_all_wants_a_yes(
+    request: pytest.FixtureRequest, redis: Any, service: str, uid: str
+) -> None:
+    url, flags = url_of(request, redis)
+    keys = Keys(service)
+    await redis.xgroup_create(keys.assignments, service, id="0", mkstream=True)
+    status = await cli(url, "status", "--service", service, *flags)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[0] == (
+        f"service {service}: 0 owned, 0 pending without an owner, 0 queued; 0 dead letter(s)"
+    )
+    await redis.xadd(keys.dead_letters, {"_dlq_reason": "rejected", "_source_stream": "s"})
+    refused = await cli(url, "dlq", "purge", "--all", "--service", service, *flags)
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"streamjobs: error: dlq purge --all would delete all 1 dead letter(s) of service "
+        f"{service!r}: add --yes to confirm\n"
+    )
+    assert await redis.xlen(keys.dead_letters) == 1
+    done = await cli(url, "dlq", "purge", "--all", "--yes", "--service", service, *flags)
+    assert done.returncode == 0, done.stderr
+    assert await redis.xlen(keys.dead_letters) == 0
