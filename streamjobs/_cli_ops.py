@@ -179,7 +179,7 @@ def print_overview(view: Overview, out: TextIO) -> None:
     )
     out.write(f"consumers ({len(view.consumers)})\n")
     rows: list[tuple[Any, ...]] = [
-        (c.name, "alive" if c.alive else "dead", f"{c.idle_s:.1f}s", c.owned_streams, c.pending)
+        (c.name, c.state, f"{c.idle_s:.1f}s", c.owned_streams, c.pending)
         for c in view.consumers[:TABLE_ROWS]
     ]
     table(rows, ("name", "state", "idle", "owned", "pending"), out)

@@ -98,6 +98,12 @@ class Keys:
         return f"{self.prefix}:{{{self.service}}}:sessions"
 
     @property
+    def stopped(self) -> str:
+        """Hash: consumer name -> server time (ms) it stopped cleanly, so that ``status``
+        tells a stopped consumer from a dead one; same slot as the LBS, kept a day."""
+        return f"{self.prefix}:{{{self.service}}}:stopped"
+
+    @property
     def scan_lease(self) -> str:
         """String: the consumer running this interval's reconciliation scan (PX)."""
         return f"{self.prefix}:{{{self.service}}}:scan:lease"
@@ -148,6 +154,7 @@ class Keys:
             self.assignments,
             self.leases,
             self.sessions,
+            self.stopped,
             self.active,
             self.scan_lease,
             self.scan_cursor,

@@ -229,6 +229,11 @@ class OperatorGateway(Gateway):
         replies = await self._pipelined([("EXISTS", self.keys.session(n)) for n in names])
         return [r == 1 for r in replies]
 
+    async def stopped(self, names: Sequence[str]) -> list[bool]:
+        """Whether each consumer's last run stopped cleanly (``Keys.stopped``)."""
+        replies = await self._pipelined([("HGET", self.keys.stopped, n) for n in names])
+        return [r is not None for r in replies]
+
     @translated
     async def queue_length(self) -> int:
         return int(await self.client.xlen(self.keys.assignments))

@@ -172,6 +172,7 @@ class Runtime(RuntimeIntake):
             await self._user_hook("on_startup")
             await self._touch_session()
             session = True
+            await self._forget_stop()
             async with anyio.create_task_group() as tg:
                 await tg.start(self._host_streams)
                 if self.waiter is not None:

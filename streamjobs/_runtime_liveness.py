@@ -36,6 +36,14 @@ class RuntimeLiveness(RuntimeState):
             self.metrics.loop_error(self.service, "heartbeat")
             log_failure(log, "renewing the consumer session", exc, 0.0)
 
+    async def _forget_stop(self) -> None:
+        """A consumer name that starts again (a fixed ``consumer_name``) is no longer
+        one that stopped. Best effort: the record is for ``status`` only."""
+        try:
+            await self.gateway.record_stop(self.name, False)
+        except Exception as exc:
+            log_failure(log, "clearing the consumer's stop record", exc, 0.0)
+
     async def _end_session(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
@@ -51,6 +59,7 @@ class RuntimeLiveness(RuntimeState):
                     self.session_confirmed_at = None
                 else:
                     await self.gateway.end_session(self.name)
+                await self.gateway.record_stop(self.name, True)
             except Exception as exc:
                 log_failure(log, "ending the consumer session", exc, 0.0)
 

@@ -184,6 +184,16 @@ that an option not given can be told from one given its default value)."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def env_name(flag: str) -> str:
     """The environment variable of option ``flag``: ``--lock-ttl`` -> ``STREAMJOBS_LOCK_TTL``."""
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
@@ -357,6 +367,15 @@ def _worker_args(sub: Any) -> argparse.ArgumentParser:
         "--log-level", default=None, help=f"one of {', '.join(LOG_LEVELS)} (default INFO)"
     )
     p.add_argument("--consumer-name", default=None, help="default: host-pid-random")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="run N worker processes under one supervisor that restarts any that dies "
+        "(default 1); with --consumer-name NAME they are NAME-0..NAME-(N-1), with "
+        "--metrics-port P they listen on P..P+N-1",
+    )
     for action in _env_options(p):
         variable = env_name(action.option_strings[-1])
         action.help = f"{action.help or ''} [env {variable}]".strip()
@@ -631,6 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(run_operation, ns)
         level = log_level(ns.log_level, ns.sources.get("log_level", "--log-level"))
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if (ns.workers or 1) > 1:
+            return _supervise(ns, sys.argv[2:] if argv is None else list(argv)[1:])
         anyio.run(run_worker, ns)
     except KeyboardInterrupt:
         return 0 if getattr(ns, "watch", None) is not None else 130
@@ -640,6 +661,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return code
     return 0
+
+
+def _supervise(ns: argparse.Namespace, worker_argv: Sequence[str]) -> int:
+    """``--workers N``: check what every child would check first (the settings, the
+    target's import), so that a mistake is one line here rather than N restarting
+    children; then run the supervisor."""
+    from ._supervisor import Supervisor
+
+    build_configs(ns)
+    load_consumer_target(ns.target)
+    redis_url(ns)
+    if ns.metrics_port is not None and not 0 <= ns.metrics_port <= 65535 - ns.workers:
+        raise CliError(f"--metrics-port: {ns.metrics_port} + {ns.workers} workers is past 65535")
+    return anyio.run(Supervisor(worker_argv, ns.workers, ns.consumer_name, ns.metrics_port).run)
 
 
 def _unwrap(exc: BaseException) -> BaseException:

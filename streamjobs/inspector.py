@@ -42,6 +42,14 @@ class ConsumerStatus:
     pending: int
     """Assignments delivered to it and not finished."""
     owned_streams: int
+    stopped: bool = False
+    """Not alive, and its last run stopped cleanly (every stream handed back): not a
+    crash. Recorded for a day after the stop."""
+
+    @property
+    def state(self) -> str:
+        """``alive``, ``stopped`` or ``dead`` (what ``streamjobs status`` shows)."""
+        return "alive" if self.alive else "stopped" if self.stopped else "dead"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +115,7 @@ class Overview:
                 "oldest_pending_age_s": round(self.oldest_pending_age_s, 3),
                 "taken_at": round(self.taken_at, 3),
             },
-            "consumers": [asdict(c) for c in self.consumers],
+            "consumers": [{**asdict(c), "state": c.state} for c in self.consumers],
             "streams": [asdict(s) for s in self.streams],
             "pending": [asdict(p) for p in self.pending],
             "dlq": asdict(self.dlq),
@@ -236,7 +244,9 @@ class Inspector:
                 orphans.append(
                     PendingAssignment(p.id, name, p.consumer, p.idle_ms / 1000, p.deliveries, retry)
                 )
-        alive = await gw.sessions([c.name for c in consumers])
+        names = [c.name for c in consumers]
+        alive = await gw.sessions(names)
+        stopped = await gw.stopped(names)
         consumer_rows = [
             ConsumerStatus(
                 name=c.name,
@@ -244,8 +254,9 @@ class Inspector:
                 idle_s=c.idle_ms / 1000,
                 pending=c.pending,
                 owned_streams=owned_by[c.name],
+                stopped=ended,
             )
-            for c, live in zip(consumers, alive, strict=True)
+            for c, live, ended in zip(consumers, alive, stopped, strict=True)
         ]
         oldest = 0.0
         if pending:

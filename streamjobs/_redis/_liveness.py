@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from .._keys import Keys
 from .._session import incarnation_of, parse_session_token
 from .._session import member as session_member
@@ -20,6 +22,9 @@ from ._boundary import (
 from ._protocol import (
     SessionMode,
 )
+
+STOPPED_KEEP_MS = 24 * 3600 * 1000
+"""How long the record of consumers that stopped cleanly is kept after the last stop."""
 
 
 class LivenessCommands(CommandsBase):
@@ -146,6 +151,21 @@ class LivenessCommands(CommandsBase):
     async def end_session(self, consumer: str) -> None:
         """``consumer`` stopped: its name may be pruned at once."""
         await self.client.delete(self.keys.session(consumer))
+
+    @translated
+    async def record_stop(self, consumer: str, stopped: bool) -> None:
+        """Record that ``consumer`` stopped cleanly (``stopped``), or forget it (it is
+        starting): what ``status`` shows as ``stopped`` rather than ``dead``. The
+        record is kept :data:`STOPPED_KEEP_MS`; it is for operators only."""
+        key = self.keys.stopped
+        if not stopped:
+            await self.client.hdel(key, consumer)
+            return
+        now_ms = int(time.time() * 1000)
+        async with self.client.pipeline(transaction=not self._is_cluster) as pipe:
+            pipe.hset(key, consumer, now_ms)
+            pipe.pexpire(key, STOPPED_KEEP_MS)
+            await pipe.execute()
 
     @translated
     async def unblock(self, client_id: int) -> bool:

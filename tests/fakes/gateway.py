@@ -80,6 +80,7 @@ METHODS = frozenset(
         "dead_letter_entry",
         "acquire",
         "acquire_and_read",
+        "record_stop",
         "extend_many",
         "record_leases",
         "take_leases",
@@ -287,6 +288,8 @@ class FakeGateway:
         self._data_changed = _Signal()
         self._gates: dict[str, Gate] = {}
         self._faults: dict[str, _Fault] = {}
+        self.stopped: dict[str, int] = {}
+        """Consumers whose last run stopped cleanly: name -> when (``record_stop``)."""
         self.cancels: dict[str, str] = {}
         """Cancel markers: data stream -> reason (``Producer.cancel_stream``)."""
         self.ended: dict[str, tuple[str, str]] = {}
@@ -794,6 +797,15 @@ class FakeGateway:
         taken = self._acquire(stream, token, ttl_ms, replace, job)
         await self._leave("acquire")
         return taken
+
+    async def record_stop(self, consumer: str, stopped: bool) -> None:
+        """HSET / HDEL of the stop record (``Keys.stopped``)."""
+        await self._enter("record_stop", consumer, stopped)
+        if stopped:
+            self.stopped[consumer] = self.clock()
+        else:
+            self.stopped.pop(consumer, None)
+        await self._leave("record_stop")
 
     async def acquire_and_read(
         self, stream: str, token: str, ttl_ms: int, job: str, consumer: str, count: int

@@ -6,12 +6,14 @@ hook that fails, are one line each."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis as SyncRedis
@@ -19,6 +21,7 @@ from redis import Redis as SyncRedis
 from streamjobs._wire import build_fields
 from streamjobs.testing import RedisServer
 from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
+from tests.harness.processes import pid_alive
 
 from ._history import owners, wait_for
 from .workers import lifecycle_key, log_key
@@ -135,3 +138,125 @@ def test_an_import_error_names_its_type_file_and_line(
         f"streamjobs: error: cannot import module 'broken_app': KeyError: 'db' "
         f"({tmp_path / 'broken_app.py'}:3)"
     )
+
+
+def test_status_tells_a_stopped_worker_from_a_killed_one(
+    redis_server: RedisServer,
+    sync: SyncRedis,
+    service: str,
+    uid: str,
+    worker_fleet_factory: WorkerFleetFactory,
+) -> None:
+    # A consumer is listed once it has read the assignment stream: one stream each.
+    lbs = f"streamjobs:{{{service}}}:lbs"
+    for i in range(2):
+        sync.xadd(lbs, build_fields(f"d:{uid}:{i}", {"work_ms": 1}))
+    fleet = worker_fleet_factory(
+        _url(redis_server),
+        "tests.faults.workers:RecordingWorker",
+        # LOCK liveness: the killed one's lock expires by itself (under SESSION it
+        # stays until another consumer recovers it, and status counts its holder in).
+        ["--lock-ttl", "1", "--concurrency", "1", "--liveness", "lock"],
+    )
+    stopped, killed = fleet.start("stopped"), fleet.start("killed")
+
+    def states() -> dict[str, str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "streamjobs", "status", "--service", service, "--json",
+             "--redis-url", _url(redis_server)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if r.returncode == 1 and "no service" in r.stderr:
+            return {}  # no worker has created the group yet
+        assert r.returncode == 0, r.stderr
+        return {c["name"]: c["state"] for c in json.loads(r.stdout)["consumers"]}
+
+    wait_for(lambda: states() == {"stopped": "alive", "killed": "alive"}, 30, "both alive")
+    stopped.signal(signal.SIGTERM)
+    assert stopped.proc.wait(timeout=15) == 0
+    killed.signal(signal.SIGKILL)
+    killed.proc.wait(timeout=15)
+    # The killed one's session expires after a lock TTL; the stopped one ended its own.
+    wait_for(lambda: states() == {"stopped": "stopped", "killed": "dead"}, 30, "stopped and dead")
+    assert sync.hget(f"streamjobs:{{{service}}}:stopped", "killed") is None
+
+
+def test_workers_n_runs_restarts_and_stops_them_all(
+    redis_server: RedisServer, sync: SyncRedis, service: str, uid: str
+) -> None:
+    """``--workers 2``: two consumers (NAME-0, NAME-1); one killed with SIGKILL is
+    started again and logged; SIGTERM to the supervisor stops both gracefully (every
+    stream handed back), exit 0, and no process is left."""
+    lbs = f"streamjobs:{{{service}}}:lbs"
+    streams = [f"d:{uid}:{i}" for i in range(4)]
+    for s in streams:
+        sync.xadd(lbs, build_fields(s, {"work_ms": 1}))
+        sync.xadd(s, {"n": "0"})
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "streamjobs", "worker", "tests.faults.workers:RecordingWorker",
+         "--service", service, "--redis-url", _url(redis_server), "--workers", "2",
+         "--consumer-name", "w", "--lock-ttl", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: sync.llen(log_key(service)) == 4, 30, "every entry handled")
+        assert set(owners(sync, service, streams).values()) <= {"w-0", "w-1"}
+        children = _children_of(supervisor.pid)
+        assert len(children) == 2, children
+        victim = children[0]
+        name = _consumer_name_of(victim)
+        held = {
+            s: t
+            for s, t in _lock_tokens(sync, streams).items()
+            if owners(sync, service, [s])[s] == name
+        }
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: (
+                len(_children_of(supervisor.pid)) == 2
+                and victim not in _children_of(supervisor.pid)
+            ),
+            30,
+            "the killed worker to be started again",
+        )
+
+        def resumed() -> bool:  # its session expired, its locks recovered and retaken
+            now = _lock_tokens(sync, streams)
+            return all(now.get(s) not in (None, token) for s, token in held.items())
+
+        wait_for(resumed, 30, f"the streams {name} held to be resumed")
+        survivors = _children_of(supervisor.pid)
+        supervisor.send_signal(signal.SIGTERM)
+        out, _ = supervisor.communicate(timeout=30)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.communicate()
+    assert supervisor.returncode == 0, out
+    assert "exited with -9: starting it again in" in out
+    assert "SIGTERM: stopping 2 workers" in out
+    assert owners(sync, service, streams) == {}, "a lock was left behind"
+    assert all(not pid_alive(p) for p in survivors), "a worker outlived the supervisor"
+
+
+def _children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (Linux ``/proc``)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _consumer_name_of(pid: int) -> str:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return args[args.index(b"--consumer-name") + 1].decode()
+
+
+def _lock_tokens(sync: SyncRedis, streams: list[str]) -> dict[str, Any]:
+    tokens = {s: sync.get(f"streamjobs:lock:{{{s}}}") for s in streams}
+    return {s: t for s, t in tokens.items() if t is not None}

@@ -106,3 +106,16 @@ async def test_a_start_that_fails_before_the_hook_still_shuts_down(
     with anyio.fail_after(TEST_TIMEOUT_S), pytest.raises(RedisUnavailable):
         await runtime.run(anyio.TASK_STATUS_IGNORED)
     assert hooks.lifecycle == ["shutdown"]
+
+
+async def test_a_clean_stop_is_recorded_and_a_new_start_clears_it(fake: FakeGateway) -> None:
+    runtime = make_runtime(fake, RecordingHooks(), name="c1")
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await runtime.wait_ready()
+            assert "c1" not in fake.stopped
+    assert "c1" in fake.stopped, "a clean stop was not recorded"
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with running(runtime):
+            await runtime.wait_ready()
+            assert "c1" not in fake.stopped, "a running consumer still reads as stopped"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,37 @@ def test_testing_is_a_public_submodule_with_light_imports() -> None:
             elif isinstance(node, ast.ImportFrom):
                 imported.add((node.module or "").split(".")[0])
     assert imported - {"__future__", "redis"} <= sys.stdlib_module_names
+
+
+def test_mypy_in_a_users_own_project_sees_the_installed_package(tmp_path: Path) -> None:
+    """After the documented ``pip install -e .``, a project in another folder type-checks
+    against streamjobs (an import-hook editable install would leave mypy blind: it
+    reported ``Cannot find implementation or library stub for module named
+    "streamjobs"``), bytes mode included."""
+    (tmp_path / "app.py").write_text(
+        "from streamjobs import Message, StreamConsumer\n\n\n"
+        "class Text(StreamConsumer):\n"
+        "    async def handle(self, message: Message) -> None:\n"
+        "        print(message.fields['n'].upper())\n\n\n"
+        "class Raw(StreamConsumer[bytes]):\n"
+        "    async def handle(self, message: Message[bytes]) -> None:\n"
+        "        print(message.fields[b'n'].hex())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "app.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    # A wrong use is caught: the types are really there, not Any.
+    (tmp_path / "bad.py").write_text(
+        "from streamjobs import Message\n\n\n"
+        "def f(message: Message[bytes]) -> str:\n"
+        "    return message.fields[b'n']\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "bad.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert 'Incompatible return value type (got "bytes", expected "str")' in r.stdout
