@@ -45,9 +45,11 @@ end
 -- Any other error (WRONGTYPE: the key is not a stream) is returned after the lock
 -- is given up: the only write so far.
 local ok = redis.pcall('XGROUP', 'CREATE', KEYS[2], ARGV[3], '0', 'MKSTREAM')
-if type(ok) == 'table' and ok.err and not string.find(ok.err, 'BUSYGROUP', 1, true) then
+-- tostring: the error is a string on Redis and Valkey; an in-memory server (fakeredis,
+-- docs/testing.md) hands it over as an object of its own.
+if type(ok) == 'table' and ok.err and not string.find(tostring(ok.err), 'BUSYGROUP', 1, true) then
   redis.call('DEL', KEYS[1])
-  return redis.error_reply(ok.err)
+  return redis.error_reply(tostring(ok.err))
 end
 -- A new job for a stream name that finished recently: the retention TTL set then
 -- must not expire the new job's entries.

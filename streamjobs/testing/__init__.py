@@ -14,6 +14,10 @@ project's test suite. It offers three things:
 * :class:`WorkerFleet`: ``streamjobs worker MODULE:CLASS`` subprocesses, one log
   file each, that can be signalled, killed, or stopped gracefully.
 
+And one thing for tests that need no server at all: :func:`fake_redis`, an in-memory
+client (fakeredis with Lua, the ``testing`` extra) for unit tests of your own
+consumers (docs/testing.md).
+
 Its own imports are the standard library, redis-py and the exception tree: nothing
 here depends on the consumer runtime, whose behaviour these processes are meant to
 check from outside.
@@ -42,6 +46,7 @@ owner could not stop it; that is a safety net, not a replacement for ``stop()``.
 from ._cluster import LocalCluster
 from ._cluster_view import ClusterError, ClusterStartupError
 from ._fleet import Worker, WorkerFleet
+from ._memory import fake_redis
 from ._process import (
     HOST,
     RESERVED_PORTS,
@@ -71,6 +76,7 @@ __all__ = (
     "WorkerFleet",
     "answers",
     "bundled_server",
+    "fake_redis",
     "free_port",
     "server_binary",
 )

@@ -71,7 +71,11 @@ def test_testing_is_a_public_submodule_with_light_imports() -> None:
                 )
             elif isinstance(node, ast.ImportFrom):
                 imported.add((node.module or "").split(".")[0])
-    assert imported - {"__future__", "redis"} <= sys.stdlib_module_names
+    # fakeredis: only inside fake_redis(), when it is called (the testing extra).
+    assert imported - {"__future__", "redis", "fakeredis"} <= sys.stdlib_module_names
+    probe = "import sys, streamjobs.testing; print('fakeredis' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
 
 
 def test_mypy_in_a_users_own_project_sees_the_installed_package(tmp_path: Path) -> None:

@@ -1,0 +1,54 @@
+"""docs/testing.md's example runs as a user runs it: pytest on
+examples/testing/test_orders.py, with no Redis server anywhere on the PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamjobs.testing import SERVER_ENV_VAR, fake_redis
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVERS = ("redis-server", "valkey-server")
+
+
+def test_the_testing_example_passes_with_no_server_on_the_path() -> None:
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    path = os.pathsep.join(d for d in dirs if not any(Path(d, s).exists() for s in SERVERS))
+    assert all(shutil.which(s, path=path) is None for s in SERVERS)
+    env = {k: v for k, v in os.environ.items() if k not in (SERVER_ENV_VAR, "PYTHONPATH")}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "examples/testing/test_orders.py", "-q",
+         "-p", "no:cacheprovider"],
+        cwd=ROOT, env={**env, "PATH": path}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 passed" in r.stdout
+
+
+def test_two_clients_are_two_servers() -> None:
+    import anyio
+
+    async def check() -> None:
+        one, two = fake_redis(), fake_redis()
+        await one.set("k", "1")
+        assert await two.get("k") is None
+        assert (await one.info("memory"))["maxmemory_policy"] == "noeviction"
+
+    anyio.run(check)
+
+
+def test_a_missing_fakeredis_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "lupa" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"lupa missing\): pip install 'streamjobs\[testing\]'"):
+        fake_redis()
