@@ -250,3 +250,19 @@ def test_each_top_level_file_is_on_the_site_whole(top: str, site: Path) -> None:
     headings = [line for line in fenced.splitlines() if re.match(r"#{1,3} ", line)]
     assert headings, f"{top} has no headings"
     assert len(re.findall(r"<h[123][ >]", built)) == len(headings), f"{top} not all on the site"
+
+
+def test_no_sphinx_role_or_named_default_shows_in_the_built_site(site: Path) -> None:
+    """Docstrings use Sphinx roles and signatures name constants; the site shows
+    neither (docs/hooks/api_text.py): a role is a link or plain code, a default is its
+    value."""
+    literal = re.compile(r":(?:meth|class|attr|func|data|exc|mod|obj|const):(?:<code>|`)")
+    found = {
+        str(page.relative_to(site)): literal.findall(page.read_text(encoding="utf-8"))
+        for page in site.rglob("*.html")
+    }
+    assert {p: f for p, f in found.items() if f} == {}
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    assert '<a href="#streamjobs.HookFailed"><code>HookFailed</code></a>' in api
+    assert ">DEFAULT_PREFIX<" not in api
+    assert 'DEFAULT_PREFIX">&#x27;streamjobs&#x27;</span>' in api
