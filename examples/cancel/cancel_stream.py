@@ -27,6 +27,7 @@ import anyio
 from redis.asyncio import Redis
 
 from streamjobs import CancelOutcome, ConsumerConfig, Message, Producer, StreamConsumer
+from streamjobs.testing import redis_for_script
 
 ENTRIES = 50
 
@@ -108,4 +109,6 @@ async def main(url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"))
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        code = anyio.run(main, url)
+    sys.exit(code)

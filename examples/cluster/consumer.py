@@ -21,6 +21,7 @@ import anyio
 from redis.asyncio.cluster import RedisCluster
 
 from streamjobs import ClusterMode, ConsumerConfig, Message, Producer, StreamConsumer
+from streamjobs.testing import redis_for_script
 
 STREAMS, ENTRIES = 6, 3
 
@@ -86,4 +87,6 @@ async def main(url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:7000"))
+    with redis_for_script(__doc__.splitlines()[0], cluster=True) as url:
+        code = anyio.run(main, url)
+    sys.exit(code)

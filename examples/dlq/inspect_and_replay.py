@@ -35,6 +35,7 @@ from streamjobs import (
     Producer,
     StreamConsumer,
 )
+from streamjobs.testing import redis_for_script
 
 INVOICES = [
     ("inv-1", "EUR"),
@@ -141,4 +142,6 @@ async def main(url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"))
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        code = anyio.run(main, url)
+    sys.exit(code)

@@ -42,6 +42,7 @@ import anyio.abc
 from redis.asyncio import Redis
 
 from streamjobs import Inspector
+from streamjobs.testing import redis_for_script
 
 HERE = Path(__file__).resolve().parent
 ALBUMS, IMAGES, WORK_MS, LOCK_TTL_S = 6, 20, 50, 2
@@ -228,4 +229,6 @@ async def main(url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"))
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        code = anyio.run(main, url)
+    sys.exit(code)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from typing import Any
 
@@ -10,6 +9,7 @@ import anyio
 from redis.asyncio import Redis
 
 from streamjobs import ConsumerConfig, Message, Producer, StreamConsumer
+from streamjobs.testing import redis_for_script
 
 
 class Greeter(StreamConsumer):
@@ -51,4 +51,5 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0")
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        anyio.run(main, url)

@@ -29,6 +29,7 @@ from prometheus_client import start_http_server
 from redis.asyncio import Redis
 
 from streamjobs import ConsumerConfig, Message, Producer, PrometheusRecorder, StreamConsumer
+from streamjobs.testing import redis_for_script
 
 ALBUMS, IMAGES = 2, 5
 
@@ -115,4 +116,6 @@ async def main(url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"))
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        code = anyio.run(main, url)
+    sys.exit(code)

