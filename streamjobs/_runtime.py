@@ -142,7 +142,14 @@ class Runtime(RuntimeIntake):
         try:
             await self._cm_tg.start(_started_run, run)
         except BaseException as exc:
-            await self._cm_tg.__aexit__(type(exc), exc, exc.__traceback__)
+            try:
+                await self._cm_tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                # The start's own error (HookFailed, RedisUnavailable, ...), not wrapped
+                # in the task group's: `async with consumer` raises what run() raised.
+                if group.exceptions == (exc,):
+                    raise exc from None
+                raise
             raise
 
     async def exit(self) -> None:

@@ -119,3 +119,27 @@ async def test_a_clean_stop_is_recorded_and_a_new_start_clears_it(fake: FakeGate
         async with running(runtime):
             await runtime.wait_ready()
             assert "c1" not in fake.stopped, "a running consumer still reads as stopped"
+
+
+async def test_async_with_raises_the_hook_s_error_itself() -> None:
+    """``async with consumer`` raises what ``run()`` raised at start, not a task
+    group's wrapper around it (on the in-memory client: no server needed)."""
+    from streamjobs import Message, StreamConsumer
+    from streamjobs.testing import fake_redis
+
+    calls: list[str] = []
+
+    class NoDatabase(StreamConsumer):
+        async def handle(self, message: Message) -> None: ...
+
+        async def on_startup(self) -> None:
+            raise RuntimeError("no database")
+
+        async def on_shutdown(self) -> None:
+            calls.append("shutdown")
+
+    consumer = NoDatabase(fake_redis(), service="svc")
+    with anyio.fail_after(TEST_TIMEOUT_S), pytest.raises(HookFailed, match="no database"):
+        async with consumer:
+            pytest.fail("the body ran although the start failed")
+    assert calls == ["shutdown"]
