@@ -232,7 +232,7 @@ class StreamCommands(CommandsBase):
             return ReadReply(int(r[0]) == 1, "0-0", [])
         if claim:
             claimed = await self._claim(lock, stream, token, consumer, count, ack, large)
-            if not claimed.owned or claimed.entries:
+            if not claimed.owned or claimed.entries or claimed.cancelled is not None:
                 return claimed
             ack = ()
         for _ in range(3):
@@ -254,7 +254,7 @@ class StreamCommands(CommandsBase):
                 batch, largest = self._entries(_stream_entries(read))
                 return ReadReply(True, "0-0" if batch else text(fenced[1]), batch, largest)
             claimed = await self._claim(lock, stream, token, consumer, count, (), large)
-            if not claimed.owned or claimed.entries:
+            if not claimed.owned or claimed.entries or claimed.cancelled is not None:
                 return claimed
         # Pending entries that vanished between claim and fetch: the caller reads again.
         return ReadReply(True, "0-0", [])
@@ -308,10 +308,14 @@ class StreamCommands(CommandsBase):
         large: bool,
     ) -> ReadReply:
         r = await self.scripts.claim(
-            keys=[lock, stream], args=[token, self.keys.group, consumer, count, *ack]
+            keys=[lock, stream, self.keys.cancel(stream)],
+            args=[token, self.keys.group, consumer, count, *ack],
         )
         if int(r[0]) != 1:
             return NOT_OWNED
+        if len(r) > 2 and r[2] is not None and r[2] is not False:
+            # Cancelled: nothing was claimed; the caller ends the stream.
+            return ReadReply(True, "0-0", [], cancelled=text(r[2]))
         ids = [text(i) for i in r[1]]
         if not ids:
             return ReadReply(True, "0-0", [])

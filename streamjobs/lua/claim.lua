@@ -2,6 +2,7 @@
 -- The caller fetches their data with XRANGE outside Lua (no script carries data).
 -- KEYS[1]  lock key of the data stream (same slot as KEYS[2])
 -- KEYS[2]  data stream
+-- KEYS[3]  cancel marker of the data stream (same slot)
 -- ARGV[1]  lock token
 -- ARGV[2]  consumer group name
 -- ARGV[3]  consumer name (the claimant)
@@ -11,11 +12,19 @@
 -- oldest pending entries, whoever held them, now pending with the claimant. Pending
 -- entries that were deleted from the stream leave the pending list (XAUTOCLAIM does
 -- that) and are not returned.
+-- {1, {}, reason} if the stream was cancelled: the acks are made, nothing is claimed,
+-- and the caller ends the stream (as after fence.lua): a claim is a read too, and a
+-- cancelled stream hands nothing more to handle().
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {0}
 end
+-- Read before the first write: a script is not rolled back.
+local cancelled = redis.call('GET', KEYS[3])
 if #ARGV > 4 then
   redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 5))
+end
+if cancelled then
+  return {1, {}, cancelled}
 end
 local cursor = '0-0'
 for _ = 1, 16 do

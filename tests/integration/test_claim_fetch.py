@@ -59,3 +59,24 @@ async def test_a_contiguous_claim_comes_back_whole(
 
     assert [f["n"] for _, f in claimed.entries] == [str(i) for i in range(40)]
     assert claimed.largest_bytes == len("n") + len("39") + len("payload") + 50
+
+
+async def test_a_claim_of_a_cancelled_stream_claims_nothing_and_says_so(
+    redis: AsyncRedis, service: str, uid: str
+) -> None:
+    """A claim is a read too: once the stream is cancelled it hands nothing more on.
+    (The soak met an owner that re-claimed a failing entry of a cancelled stream 953
+    times: its lock re-check saw the cancel, but its next read was a claim, which did
+    not look.) The acks it carries are still made."""
+    gw = Gateway(redis, Keys(service))
+    stream = f"data:{uid}"
+    ids = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(5)]
+    await _taken_over(redis, gw, stream, 5)
+    await redis.set(gw.keys.cancel(stream), "stop it")
+
+    reply = await gw.fenced_read(stream, "new:1", "new", 10, ids[:1], claim=True)
+
+    assert (reply.owned, reply.entries, reply.cancelled) == (True, [], "stop it")
+    pending = await redis.xpending(stream, gw.keys.group)
+    assert pending["pending"] == 4, "the ack it carried was not made"
+    assert {c["name"].decode(): c["pending"] for c in pending["consumers"]} == {"old": 4}
