@@ -73,15 +73,18 @@ class StreamEndings(StreamState):
         or this assignment is a stale duplicate of one that finished. Either way the
         job is done: running it again would wait forever for entries. A marker older
         than the job's first submission belongs to an earlier job of a reused name:
-        the new job's entries are still to come. So does one with the same id: the two
-        ids are from different streams, so the previous job's end marker and this
-        job's assignment, written in the same millisecond, can both be ``T-0``.
+        the new job's entries are still to come. So does one of the same millisecond,
+        whatever its sequence number: the two ids are from different streams, so the
+        previous job's end marker can be ``T-1`` and this job's assignment, written
+        after it, ``T-0``. (Comparing whole ids, a consumer that took the new job
+        before its first entry was appended read that marker as the new job's end, and
+        completed the job without its entries.)
         (An owner that died after ending this job is told by ``acquire.lua``, from the
         ended-job marker; this check is the fallback.)
         """
         if self.assignment.run:
             return False  # its end marker comes with its entries; acquire.lua tells the rest
-        if top == "0-0" or id_order(top) <= id_order(self.assignment.first_id):
+        if top == "0-0" or id_order(top)[0] <= id_order(self.assignment.first_id)[0]:
             return False
         try:
             return await self.host.gateway.is_end_marker(self.stream, top)

@@ -359,3 +359,33 @@ async def test_a_stalled_owners_late_read_of_an_ended_jobs_tail_is_not_the_next_
     assert "late" not in _ns(c)
     assert _ns(c)[-1] == "job2"
     assert (await redis.xpending(stream, service))["pending"] == 0
+
+
+async def test_a_previous_end_marker_of_the_same_millisecond_is_not_the_new_jobs(
+    redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory
+) -> None:
+    """Ids of two streams are not ordered within one millisecond: the previous job's
+    end marker can be ``T-1`` while the new job's assignment, written after it, is
+    ``T-0``. A consumer that took the new job before its first entry was appended read
+    that marker as the new job's own end and completed the job without its entries
+    (CI met it under load). Set up with explicit ids, as the race leaves them."""
+    import time
+
+    from streamjobs._wire import EOS_FIELD, EOS_VALUE, build_fields
+
+    stream = f"d:{uid}"
+    keys = Keys(service)
+    t = int(time.time() * 1000) - 1000
+    await redis.xadd(stream, {"n": "late"}, id=f"{t}-0")
+    await redis.xadd(stream, {EOS_FIELD: EOS_VALUE}, id=f"{t}-1")  # the previous end
+    # What add_stream leaves: the group past everything there, and the job queued.
+    await redis.xgroup_create(stream, service, id="$")
+    await redis.xadd(keys.assignments, build_fields(stream, {"job": "2"}), id=f"{t}-0")
+    c = consumer_factory(Recorder, config=FAST)
+    async with c:
+        await eventually(lambda: _true(stream in c.owned_streams))
+        producer = Producer(redis, service=service)
+        await producer.append(stream, {"n": "job2"})
+        await producer.close_stream(stream)
+        await eventually(lambda: _true(c.ended == [stream]))
+    assert [h[3] for h in c.handled] == ["job2"]
