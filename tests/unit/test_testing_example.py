@@ -23,8 +23,10 @@ def test_the_testing_example_passes_with_no_server_on_the_path() -> None:
     assert all(shutil.which(s, path=path) is None for s in SERVERS)
     env = {k: v for k, v in os.environ.items() if k not in (SERVER_ENV_VAR, "PYTHONPATH")}
     r = subprocess.run(
+        # Without this project's own test plugins (pytest-timeout here), as a user who
+        # installed only the testing extra and pytest: the example must not need them.
         [sys.executable, "-m", "pytest", "examples/testing/test_orders.py", "-q",
-         "-p", "no:cacheprovider"],
+         "-p", "no:cacheprovider", "-p", "no:timeout"],
         cwd=ROOT, env={**env, "PATH": path}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
