@@ -639,9 +639,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker_parser = _worker_args(sub)
     ops.add_commands(sub, ENV_VAR, DEFAULT_URL)
     ns, extra = parser.parse_known_args(argv)
-    if extra:  # reported with the usage of the command that was given them
-        command = sub.choices.get(ns.command, parser)
-        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # reported with the usage of the (sub)command that was given them
+        _innermost(sub.choices.get(ns.command, parser), ns).error(
+            f"unrecognized arguments: {' '.join(extra)}"
+        )
     try:
         if ns.command == "worker":
             apply_environment(worker_parser, ns)
@@ -661,6 +662,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return code
     return 0
+
+
+def _innermost(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the deepest subcommand ``ns`` names (``dlq list``, not ``dlq``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and action.dest:
+            chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+            if chosen is not None:
+                return _innermost(chosen, ns)
+    return parser
 
 
 def _supervise(ns: argparse.Namespace, worker_argv: Sequence[str]) -> int:

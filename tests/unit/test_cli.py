@@ -386,3 +386,13 @@ def test_version_and_the_usage_of_the_command_that_was_given_a_wrong_option() ->
     assert r.returncode == 2
     assert r.stderr.startswith("usage: streamjobs worker ")
     assert r.stderr.strip().endswith("streamjobs worker: error: unrecognized arguments: --bogus")
+
+
+def test_an_unknown_option_of_a_nested_command_prints_that_command_s_usage() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "streamjobs", "dlq", "list", "--service", "s", "--bogus"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.startswith("usage: streamjobs dlq list "), r.stderr
+    assert r.stderr.strip().endswith("streamjobs dlq list: error: unrecognized arguments: --bogus")
