@@ -104,9 +104,18 @@ class Supervisor:
         backoff = Backoff(base_s=RESTART_BASE_S, cap_s=RESTART_CAP_S)
         while True:
             started = time.monotonic()
-            process = await asyncio.create_subprocess_exec(
-                *self._commands[index], start_new_session=True, preexec_fn=_stop_with_parent
-            )
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *self._commands[index], start_new_session=True, preexec_fn=_stop_with_parent
+                )
+            except OSError as exc:  # out of processes or memory: not the others' end
+                delay = backoff.next_delay()
+                log.error("worker %d could not be started (%s): again in %.1fs", index, exc, delay)
+                with anyio.move_on_after(delay):
+                    await self._stopping.wait()
+                if self._stopping.is_set():
+                    return
+                continue
             self._children[index] = process
             log.info("worker %d started (pid %d)", index, process.pid)
             with anyio.CancelScope(shield=True):
