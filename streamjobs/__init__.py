@@ -32,6 +32,7 @@ from .exceptions import Retry as Retry
 from .exceptions import ScriptError as ScriptError
 from .exceptions import StreamJobsError as StreamJobsError
 from .exceptions import WrongKeyType as WrongKeyType
+from .group import GroupConsumer as GroupConsumer
 from .inspector import Inspector as Inspector
 from .inspector import StreamState as StreamState
 from .inspector import UnknownService as UnknownService
@@ -59,6 +60,7 @@ __all__ = (
     "DeadLetterRecord",
     "DeadLetters",
     "EntryOutcome",
+    "GroupConsumer",
     "HandlerDirective",
     "HandlerTimeout",
     "HookFailed",

@@ -54,6 +54,9 @@ FIELDS_JSON_FIELD = "_fields_json"
 REJECTED_FIELD = "_rejected"
 JOB_INFO_FIELD = "_job_info"
 JOB_FIELD = "_job"
+GROUP_FIELD = "_group"
+"""The shared group (``GroupConsumer``) a data entry was dead-lettered from: a replay
+appends it to its stream again, for any member of the group."""
 """Carries the original fields of a dead letter too large to copy field by field.
 
 Not a metadata field: an original field of this name is kept (the dead letter then
@@ -70,6 +73,7 @@ META_FIELDS = (
     REJECTED_FIELD,
     JOB_INFO_FIELD,
     JOB_FIELD,
+    GROUP_FIELD,
 )
 """Every metadata field; an original field of the same name is replaced."""
 
@@ -210,6 +214,8 @@ class DeadLetterRecord:
         info: a data entry's job ``info`` ({} if none, or unreadable).
         job: a data entry's job, its first assignment id ('' if unknown: written
             before dead letters carried it).
+        group: for an entry a ``GroupConsumer`` dead-lettered, its consumer group ('' for
+            any other dead letter).
     """
 
     id: str
@@ -225,6 +231,7 @@ class DeadLetterRecord:
     rejected: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
     job: str = ""
+    group: str = ""
 
     @property
     def is_assignment(self) -> bool:
@@ -291,6 +298,7 @@ def parse_dead_letter(entry_id: str, fields: Mapping[str, str]) -> DeadLetterRec
         rejected=fields.get(REJECTED_FIELD, ""),
         info=_job_info(fields.get(JOB_INFO_FIELD)),
         job=fields.get(JOB_FIELD, ""),
+        group=fields.get(GROUP_FIELD, ""),
     )
 
 

@@ -224,6 +224,34 @@ class Keys:
             return f"{self.prefix}:ended:t:{self.service}:{stream}"
         return f"{self.prefix}:ended:{self.service}:{{{stream}}}"
 
+    def members(self, stream: str) -> str:
+        """Sorted set: the shared-group members (``GroupConsumer`` sessions) of this
+        service reading ``stream``, each scored with the server time (ms) until which
+        it is alive, or minus the time it stopped (docs/shared-groups.md#sessions);
+        same cluster slot as ``stream``.
+
+        Raises:
+            InvalidStreamName: no co-located key exists for this name.
+        """
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}:members:t:{self.service}:{stream}"
+        return f"{self.prefix}:members:{self.service}:{{{stream}}}"
+
+    def starts(self, stream: str) -> str:
+        """Hash: entry id -> how often a ``GroupConsumer`` of this service began handling
+        that entry of ``stream`` again after a consumer died or stopped without
+        acknowledging it (docs/shared-groups.md#crash-loops); same cluster slot as
+        ``stream``. A field goes with its entry's acknowledgement.
+
+        Raises:
+            InvalidStreamName: no co-located key exists for this name.
+        """
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}:starts:t:{self.service}:{stream}"
+        return f"{self.prefix}:starts:{self.service}:{{{stream}}}"
+
     def dead_marker(self, stream: str, entry_id: str) -> str:
         """String: the id of the dead letter written for entry ``entry_id`` of data
         stream ``stream``, so that a crash between dead-lettering and acking the entry

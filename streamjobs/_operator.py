@@ -347,6 +347,22 @@ class OperatorGateway(Gateway):
         )
 
     @script
+    async def replay_group_entry(
+        self,
+        stream: str,
+        dead_letter_id: str,
+        fields: Sequence[tuple[str, str]],
+        marker_ttl_ms: int,
+    ) -> str:
+        """``group_replay.lua``: append a shared group's dead entry to ``stream`` again;
+        the id appended (by this call, or by an earlier replay of the same dead letter)."""
+        r = await self.scripts.group_replay(
+            keys=[stream, self.keys.replayed(stream, dead_letter_id)],
+            args=[marker_ttl_ms, *raw([x for pair in fields for x in pair])],
+        )
+        return text(r)
+
+    @script
     async def prune_names(self, stream: str, names: Sequence[str]) -> list[str]:
         """``prune_names.lua`` on ``stream``'s group: the names deleted."""
         if not names:

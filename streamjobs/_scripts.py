@@ -47,6 +47,14 @@ NAMES = (
     "replay_assignment",
     "replay_entry",
     "prune_names",
+    "session",
+    "next_due",
+    "group_join",
+    "group_beat",
+    "group_ack",
+    "group_reclaim",
+    "group_leave",
+    "group_replay",
 )
 
 
@@ -123,3 +131,9 @@ class Scripts:
         self.prune_names = Script(self, client, "prune_names")
         self.session = Script(self, client, "session")
         self.next_due = Script(self, client, "next_due")
+        self.group_join = Script(self, client, "group_join")
+        self.group_beat = Script(self, client, "group_beat")
+        self.group_ack = Script(self, client, "group_ack")
+        self.group_reclaim = Script(self, client, "group_reclaim")
+        self.group_leave = Script(self, client, "group_leave")
+        self.group_replay = Script(self, client, "group_replay")

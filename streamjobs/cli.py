@@ -39,6 +39,7 @@ from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from .config import ClusterMode, ConsumerConfig, Liveness, RecoveryConfig, default_min_idle_s
 from .consumer import StreamConsumer, probes
 from .exceptions import ConfigurationError, InvalidStreamName, StreamJobsError
+from .group import GroupConsumer, group_probes
 from .prometheus import PrometheusRecorder
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -76,12 +77,13 @@ def _raised(exc: BaseException) -> str:
     return f"{text} ({where})" if where else text
 
 
-ConsumerFactory = Callable[..., "StreamConsumer[Any] | Awaitable[StreamConsumer[Any]]"]
+AnyConsumer = StreamConsumer[Any] | GroupConsumer[Any]
+ConsumerFactory = Callable[..., "AnyConsumer | Awaitable[AnyConsumer]"]
 
 
-def load_consumer_target(path: str) -> type[StreamConsumer[Any]] | ConsumerFactory:
-    """Import ``MODULE:NAME``: a concrete StreamConsumer subclass, or a callable that
-    builds a consumer (a factory, see :func:`build_consumer`).
+def load_consumer_target(path: str) -> type[AnyConsumer] | ConsumerFactory:
+    """Import ``MODULE:NAME``: a concrete StreamConsumer or GroupConsumer subclass, or
+    a callable that builds a consumer (a factory, see :func:`build_consumer`).
 
     Raises:
         CliError: with a one-line explanation (an import failure names the
@@ -101,13 +103,15 @@ def load_consumer_target(path: str) -> type[StreamConsumer[Any]] | ConsumerFacto
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
     if isinstance(obj, type):
-        if not issubclass(obj, StreamConsumer):
-            raise CliError(f"{path} is not a StreamConsumer subclass or a factory")
+        if not issubclass(obj, StreamConsumer | GroupConsumer):
+            raise CliError(
+                f"{path} is not a StreamConsumer or GroupConsumer subclass, or a factory"
+            )
         if getattr(obj, "__abstractmethods__", None):
             raise CliError(f"{path} does not implement handle()")
         return obj
     if not callable(obj):
-        raise CliError(f"{path} is not a StreamConsumer subclass or a factory")
+        raise CliError(f"{path} is not a StreamConsumer or GroupConsumer subclass, or a factory")
     return cast(ConsumerFactory, obj)
 
 
@@ -118,14 +122,14 @@ def load_consumer_class(path: str) -> type[StreamConsumer[Any]]:
         CliError: with a one-line explanation.
     """
     target = load_consumer_target(path)
-    if not isinstance(target, type):
+    if not isinstance(target, type) or not issubclass(target, StreamConsumer):
         raise CliError(f"{path} is not a StreamConsumer subclass")
     return target
 
 
 async def build_consumer(
-    target: type[StreamConsumer[Any]] | ConsumerFactory, path: str, settings: dict[str, Any]
-) -> StreamConsumer[Any]:
+    target: type[AnyConsumer] | ConsumerFactory, path: str, settings: dict[str, Any]
+) -> AnyConsumer:
     """The worker's consumer: ``target(**settings)``, awaited if the factory is async.
 
     ``settings`` are StreamConsumer's keyword arguments (``redis``, ``service``,
@@ -154,8 +158,11 @@ async def build_consumer(
         raise CliError(
             f"cannot build the consumer: {kind} {path} raised {_raised(exc)}{hint}"
         ) from None
-    if not isinstance(built, StreamConsumer):
-        raise CliError(f"factory {path} returned {type(built).__name__}, not a StreamConsumer")
+    if not isinstance(built, StreamConsumer | GroupConsumer):
+        raise CliError(
+            f"factory {path} returned {type(built).__name__}, not a StreamConsumer or "
+            "a GroupConsumer"
+        )
     return built
 
 
@@ -258,7 +265,11 @@ def apply_environment(
         name = env_name(flag)
         if dest in ("redis_url", "redis_url_file") or env.get(name) is None:
             continue
-        value = _from_env(action, name, env[name])
+        if isinstance(action, argparse._AppendAction):
+            # A list option (--stream): names separated by commas.
+            value: Any = [part.strip() for part in env[name].split(",") if part.strip()]
+        else:
+            value = _from_env(action, name, env[name])
         if isinstance(action, argparse._StoreTrueAction) and not value:
             continue
         setattr(ns, dest, value)
@@ -298,7 +309,7 @@ _RECOVERY_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
 def _worker_args(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "worker",
-        help="run a consumer of a StreamConsumer subclass or factory",
+        help="run a consumer of a StreamConsumer or GroupConsumer subclass, or a factory",
         description="Run a consumer of MODULE:NAME until SIGTERM, SIGINT or SIGHUP (a "
         "graceful stop: streams are handed back; a second signal stops at once).",
         epilog=f"Every option can also come from the environment variable shown with it "
@@ -311,11 +322,20 @@ def _worker_args(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "target",
         metavar="MODULE:NAME",
-        help="a StreamConsumer subclass, or a factory: a callable (sync or async) that "
-        "gets the consumer's keyword arguments (redis, service, config, recovery, "
-        "cluster_mode, consumer_name, metrics) and returns a consumer",
+        help="a StreamConsumer or GroupConsumer subclass, or a factory: a callable (sync "
+        "or async) that gets the consumer's keyword arguments (redis, service, config, "
+        "recovery, cluster_mode, consumer_name, metrics; streams with --stream) and "
+        "returns a consumer",
     )
     p.add_argument("--service", default=None, help="the service name (required)")
+    p.add_argument(
+        "--stream",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a stream a GroupConsumer reads (repeat for more; overrides the class's "
+        "'streams'); in the environment, names separated by commas",
+    )
     p.add_argument(
         "--redis-url",
         default=None,
@@ -527,6 +547,14 @@ async def run_worker(ns: argparse.Namespace) -> None:
             "consumer_name": ns.consumer_name,
             **extra,
         }
+        if getattr(ns, "stream", None):
+            if isinstance(target, type) and issubclass(target, StreamConsumer):
+                raise CliError(
+                    f"{ns.sources.get('stream', '--stream')}: {ns.target} is a "
+                    "StreamConsumer, whose streams come from assignments; --stream names "
+                    "the streams of a GroupConsumer"
+                )
+            settings["streams"] = ns.stream
         consumer = await build_consumer(target, ns.target, settings)
         server = None if recorder is None else open_metrics(consumer, recorder, ns)
         try:
@@ -542,7 +570,7 @@ async def run_worker(ns: argparse.Namespace) -> None:
 
 
 def open_metrics(
-    consumer: StreamConsumer, recorder: PrometheusRecorder, ns: argparse.Namespace
+    consumer: AnyConsumer, recorder: PrometheusRecorder, ns: argparse.Namespace
 ) -> HealthServer:
     """Start the HTTP endpoint of ``--metrics-port``.
 
@@ -552,7 +580,9 @@ def open_metrics(
     port, host = ns.metrics_port, ns.metrics_host
     if not 0 <= port <= 65535:
         raise CliError(f"--metrics-port: {port} is not a port number (0 to 65535)")
-    healthy, ready = probes(consumer)
+    healthy, ready = (
+        group_probes(consumer) if isinstance(consumer, GroupConsumer) else probes(consumer)
+    )
     try:
         server = HealthServer(recorder.registry, healthy=healthy, ready=ready, host=host, port=port)
     except (OSError, OverflowError) as exc:
@@ -573,7 +603,7 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     return STOP_SIGNALS
 
 
-async def serve(consumer: StreamConsumer) -> None:
+async def serve(consumer: AnyConsumer) -> None:
     """Run ``consumer`` until SIGTERM, SIGINT or SIGHUP (graceful), or a second one
     (immediate). SIGHUP stops too: a worker whose terminal or session goes away must
     hand its streams back, not die with its locks held (unless started under

@@ -214,7 +214,8 @@ class DeadLetters:
             except (InvalidStreamName, _CannotReplay) as exc:
                 outcome[record.id] = str(exc)
             else:
-                streams.setdefault(stream, []).append(record)
+                if not record.group:
+                    streams.setdefault(stream, []).append(record)
         done = 0
         for record in records:
             if record.id in outcome:
@@ -226,6 +227,8 @@ class DeadLetters:
                     outcome[record.id] = str(exc)
                 else:
                     outcome[record.id] = result or "already replayed or purged"
+            elif record.group:
+                outcome[record.id] = await self._replay_group_entry(record, dry_run)
             else:
                 stream = record.source_stream
                 outcome.update(await self._replay_entries(stream, streams.pop(stream), dry_run))
@@ -261,6 +264,18 @@ class DeadLetters:
             job = fields.get(FIRST_ID_FIELD) or new_id
             await gw.start_job(stream, job if isinstance(job, str) else new_id, created=True)
         return Replayed(record.id, new_id, keys.assignments)
+
+    async def _replay_group_entry(self, record: DeadLetterRecord, dry_run: bool) -> Replayed:
+        """Append a shared group's dead entry to its stream again (no job, no order to
+        keep: any member of the group reads it), then remove the dead letter."""
+        stream = record.source_stream
+        if dry_run:
+            return Replayed(record.id, "", stream)
+        new_id = await self._gw.replay_group_entry(
+            stream, record.id, _replay_fields(record), REPLAY_MARKER_TTL_MS
+        )
+        await self._gw.delete_dead_letters([record.id])
+        return Replayed(record.id, new_id, stream)
 
     def _check_entry(self, record: DeadLetterRecord) -> str:
         """The data stream a dead data entry goes back to.

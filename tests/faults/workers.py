@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from streamjobs import DeadLetter, Message, StreamConsumer
+from streamjobs import DeadLetter, GroupConsumer, Message, StreamConsumer
 
 
 def log_key(service: str) -> str:
@@ -114,3 +114,22 @@ class FailingStartup(RecordingWorker):
 
     async def on_shutdown(self) -> None:
         await self.redis.rpush(lifecycle_key(self.service), "shutdown")
+
+
+class GroupRecordingWorker(GroupConsumer):
+    """A shared-group consumer (streams from ``--stream``). Records each handler's start
+    in ``faults:<service>:begun`` and each completion in the log, like
+    :class:`RecordingWorker`. An entry's fields drive it: ``work_ms`` (default 20) is
+    how long it works; ``poison=1`` raises every time; ``crash=1`` kills the process
+    (SIGKILL) in the handler."""
+
+    async def handle(self, message: Message) -> None:
+        fields = message.fields
+        await self.redis.rpush(begun_key(self.service), f"{self.consumer_name}|{message.id}")
+        if fields.get("crash"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fields.get("poison"):
+            raise ValueError(f"poison entry {message.id}")
+        await anyio.sleep(float(fields.get("work_ms", 20)) / 1000)
+        record = f"{self.consumer_name}|{message.stream}|{message.id}|{int(time.time() * 1000)}"
+        await self.redis.rpush(log_key(self.service), record)

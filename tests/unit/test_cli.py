@@ -51,7 +51,7 @@ def worker(*args: str) -> subprocess.CompletedProcess[str]:
     [
         ("no_such_module_xyz:C", "cannot import module 'no_such_module_xyz'"),
         ("streamjobs:Nope", "has no attribute 'Nope'"),
-        ("streamjobs:Producer", "is not a StreamConsumer subclass"),
+        ("streamjobs:Producer", "is not a StreamConsumer or GroupConsumer subclass"),
         ("streamjobs:StreamConsumer", "does not implement handle()"),
         ("nocolon", "expected MODULE:NAME"),
     ],

@@ -1,0 +1,666 @@
+"""The runtime of a :class:`~streamjobs.GroupConsumer`: many consumers on one stream
+(docs/shared-groups.md).
+
+One *lane* per stream the consumer reads. A lane joins the service's consumer group on
+its stream as a *member*: the consumer's name and a fresh incarnation, with a session
+deadline in the stream's member index (``Keys.members``), in the stream's slot. The
+lane reads (``XREADGROUP >``), hands each entry to the shared entry pipeline
+(``_pipeline``: retries, timeout, dead letters) in the order read, and acknowledges
+through ``group_ack.lua``, which refuses a member whose session is over.
+
+Two loops serve every lane: the heartbeat renews each member's deadline
+(``group_beat.lua``, which never revives a dead member), and the reclaim pass
+(``group_reclaim.lua``) claims the entries pending under dead or stopped members, and
+under names with no session after ``min_idle_s``. A lane that learns its member is
+dead drops what it holds and joins again under a new incarnation: what the old one
+held is reclaimed, by it or by another member.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import secrets
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from . import _tracing
+from ._backoff import Backoff
+from ._deadletter import GROUP_FIELD, DeadLetterReason, entry_dead_letter
+from ._guard import log_failure
+from ._pipeline import GiveUp, Hooks, _call_within, after_failure, entry_caller
+from ._redis import Gateway, translate
+from ._redis._boundary import text
+from .config import ConsumerConfig, RecoveryConfig
+from .exceptions import HookFailed, RedisUnavailable, StreamJobsError
+from .message import Message
+from .metrics import EntryOutcome, MetricsRecorder, StreamEvent
+
+log = logging.getLogger("streamjobs.group")
+
+RECLAIM_INTERVAL_S = 0.5
+"""Mean pause between two reclaim passes of a consumer (jittered by a quarter either
+way): a dead member's entries are claimed within its session TTL plus this, plus a pass."""
+
+ACK_INTERVAL_S = 1.0
+"""Longest a handled entry waits for its acknowledgement while its batch goes on."""
+
+FORGET_AFTER_S = 3600.0
+"""How long a dead or stopped member with nothing pending stays in the member index
+(``streamjobs status`` shows it), before it leaves the index and the group."""
+
+_NO_ENTRIES: list[tuple[str, Any]] = []
+
+
+def _decode(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
+
+
+def _entries(reply: Any, raw: bool) -> list[tuple[str, Any]]:
+    """``(id, fields)`` of an ``XREADGROUP`` reply of one stream; fields are None for
+    an entry that is pending but no longer in the stream."""
+    if not reply:
+        return _NO_ENTRIES
+    _, found = reply[0]
+    out: list[tuple[str, Any]] = []
+    for entry_id, fields in found:
+        if fields is None:
+            out.append((text(entry_id), None))
+        elif raw:
+            out.append((text(entry_id), dict(fields)))
+        else:
+            out.append(
+                (text(entry_id), {_decode(k): _decode(v) for k, v in fields.items()}),
+            )
+    return out
+
+
+class Lane:
+    """One stream of a group consumer (see the module docstring)."""
+
+    def __init__(self, runtime: GroupRuntime, stream: str) -> None:
+        self.rt = runtime
+        self.stream = stream
+        self.members = runtime.gateway.keys.members(stream)
+        self.starts = runtime.gateway.keys.starts(stream)
+        self.member = ""
+        self.dead = True
+        """The member is not (or no longer known to be) alive: join again first."""
+        self.alive_until = -math.inf
+        """``time.monotonic()`` until which the session is surely alive (the send time
+        of the last renewal that succeeded, plus the TTL)."""
+        self.history = False
+        """Entries may be pending under our own member that we do not hold (claimed
+        from the dead, or delivered by a read whose reply was lost): read them first."""
+        self.stopping = False
+        self.to_ack: list[str] = []
+        self.last_flush = time.monotonic()
+        self.joined = anyio.Event()
+        self._read_scope: anyio.CancelScope | None = None
+        self._handle_scope: anyio.CancelScope | None = None
+        self._pause_scope: anyio.CancelScope | None = None
+        self.extra = {"stream": stream, "service": runtime.service}
+
+    # -- state changes, from any task of the consumer --------------------------------
+
+    def usable(self) -> bool:
+        """The member may hand entries to ``handle()``: alive as far as we know."""
+        if self.dead:
+            return False
+        if time.monotonic() >= self.alive_until:
+            # Not renewed within a TTL: it may have expired on the server already.
+            self.lose("its session was not renewed within the session TTL")
+            return False
+        return True
+
+    def lose(self, why: str) -> None:
+        """The member is dead: hand nothing more to ``handle()``, acknowledge nothing,
+        and join again under a new incarnation."""
+        if self.dead:
+            return
+        self.dead = True
+        self.to_ack.clear()
+        self.rt.metrics.stream_event(self.rt.service, StreamEvent.LOST)
+        log.warning(
+            "group %r stream %r: member %s is dead (%s); joining again",
+            self.rt.service,
+            self.stream,
+            self.member,
+            why,
+            extra=self.extra,
+        )
+        self._wake()
+
+    def claimed(self, count: int) -> None:
+        """``count`` entries were claimed for this member: read them next."""
+        if count:
+            self.history = True
+            self._wake()
+
+    def stop(self, grace_s: float) -> None:
+        """Stop reading; the call in flight gets ``grace_s`` to return."""
+        self.stopping = True
+        self._wake()
+        if self._handle_scope is not None:
+            self._handle_scope.deadline = min(
+                self._handle_scope.deadline, anyio.current_time() + grace_s
+            )
+
+    def _wake(self) -> None:
+        for scope in (self._read_scope, self._pause_scope):
+            if scope is not None:
+                scope.cancel()
+
+    # -- the lane's own task ----------------------------------------------------------
+
+    async def run(self) -> None:
+        backoff = Backoff()
+        try:
+            while not self.stopping:
+                try:
+                    if self.dead:
+                        await self._join()
+                    await self._step()
+                    backoff.reset()
+                except Exception as exc:
+                    if self.stopping:
+                        break
+                    self.rt.metrics.loop_error(self.rt.service, "group")
+                    delay = backoff.next_delay()
+                    log_failure(log, f"group stream {self.stream!r}", exc, delay)
+                    # A read may have delivered entries whose reply was lost.
+                    self.history = True
+                    if "NOGROUP" in str(exc):
+                        self.dead = True  # the stream or its group was deleted: join again
+                    await self._pause(delay)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await self._leave()
+
+    async def _join(self) -> None:
+        rt = self.rt
+        member = f"{rt.name}~{secrets.token_hex(4)}"
+        sent = time.monotonic()
+        await rt.gateway.scripts.group_join(
+            keys=[self.stream, self.members],
+            args=[rt.group, member, rt.ttl_ms, rt.start_id],
+        )
+        self.member = member
+        self.alive_until = sent + rt.ttl_s
+        self.dead = False
+        self.history = False
+        self.to_ack.clear()
+        self.joined.set()
+        log.debug("group %r stream %r: joined as %s", rt.service, self.stream, member)
+
+    async def _leave(self) -> None:
+        if not self.member:
+            return
+        try:
+            if not self.dead:
+                await self._flush()
+            await self.rt.gateway.scripts.group_leave(
+                keys=[self.stream, self.members], args=[self.rt.group, self.member]
+            )
+        except Exception as exc:
+            log.warning(
+                "group %r stream %r: leaving failed (%s): its pending entries are "
+                "reclaimed once its session expires",
+                self.rt.service,
+                self.stream,
+                exc,
+            )
+
+    async def _pause(self, delay_s: float) -> bool:
+        """Sleep ``delay_s``, ended early by a stop or a loss; False if it was."""
+        with anyio.CancelScope() as scope:
+            self._pause_scope = scope
+            try:
+                await anyio.sleep(delay_s)
+            finally:
+                self._pause_scope = None
+        return not scope.cancelled_caught and not self.stopping and not self.dead
+
+    async def _flush(self) -> None:
+        if not self.to_ack or not self.usable():
+            return
+        ids = self.to_ack
+        r = await self.rt.gateway.scripts.group_ack(
+            keys=[self.stream, self.members, self.starts],
+            args=[self.rt.group, self.member, *ids],
+        )
+        if int(r) < 0:
+            self.lose("an acknowledgement was refused")
+            return
+        del ids[:]
+        self.last_flush = time.monotonic()
+
+    async def _read(self, position: str, block_ms: int | None) -> list[tuple[str, Any]]:
+        rt = self.rt
+        reply = await rt.client.xreadgroup(
+            rt.group,
+            self.member,
+            {self.stream: position},
+            count=rt.config.read_batch_size,
+            block=block_ms,
+        )
+        rt.gateway.last_ok = time.monotonic()
+        return _entries(reply, rt.raw)
+
+    async def _step(self) -> None:
+        await self._flush()
+        if self.stopping or not self.usable():
+            return
+        if self.history:
+            entries = await self._read("0", None)
+            if not entries:
+                self.history = False
+                return
+            redelivered = True
+        else:
+            with anyio.CancelScope() as scope:
+                self._read_scope = scope
+                try:
+                    entries = await self._read(">", self.rt.config.read_block_ms)
+                finally:
+                    self._read_scope = None
+            if scope.cancelled_caught:
+                # Woken (a claim, a loss, a stop): whatever the read delivered is
+                # pending under our member; read it from our history.
+                self.history = True
+                return
+            redelivered = False
+        await self._handle_batch(entries, redelivered)
+        await self._flush()
+
+    async def _handle_batch(self, entries: list[tuple[str, Any]], redelivered: bool) -> None:
+        """Hand ``entries`` to ``handle()`` in order. ``redelivered``: they come from our
+        own pending list (claimed from a member that died or stopped, or read again
+        after a lost reply): each start of one is counted first, so an entry that
+        keeps killing its consumers is dead-lettered (docs/shared-groups.md#crash-loops)."""
+        call = self.rt.caller()
+        for entry_id, fields in entries:
+            if self.stopping or not self.usable():
+                return
+            if fields is None:
+                # Pending, but trimmed or deleted from the stream: nothing to hand.
+                self.to_ack.append(entry_id)
+                continue
+            restarts = 0
+            if redelivered:
+                restarts = int(await self.rt.client.hincrby(self.starts, entry_id, 1))
+                if restarts > self.rt.recovery.max_retries:
+                    if not await self._dead_letter(
+                        entry_id,
+                        fields,
+                        0,
+                        f"begun {restarts} times after a consumer died or stopped "
+                        "holding it, never acknowledged: it may be killing its consumers",
+                        retry_count=restarts,
+                        reason=DeadLetterReason.MAX_RETRIES_EXCEEDED,
+                    ):
+                        return
+                    self.to_ack.append(entry_id)
+                    await self._flush()
+                    continue
+            if not await self._handle_one(call, entry_id, fields, restarts):
+                return
+            if self.to_ack and time.monotonic() - self.last_flush > ACK_INTERVAL_S:
+                await self._flush()
+
+    async def _handle_one(
+        self,
+        call: Callable[[Message[Any]], Awaitable[None]],
+        entry_id: str,
+        fields: dict[Any, Any],
+        earlier: int,
+    ) -> bool:
+        """Hand one entry to ``handle()``, with retries; True once it is done (handled
+        or dead-lettered, and queued for acknowledgement), False if the lane stopped or
+        lost its member meanwhile (it stays pending, for whoever holds it next)."""
+        rt = self.rt
+        started = time.perf_counter()
+        attempt = 1
+        while True:
+            message = Message(self.stream, entry_id, fields, _NO_INFO, attempt)
+            with anyio.CancelScope() as scope:
+                self._handle_scope = scope
+                try:
+                    await call(message)
+                    error: Exception | None = None
+                except Exception as exc:
+                    error = exc
+                finally:
+                    self._handle_scope = None
+            if scope.cancelled_caught:
+                return False  # shutdown's grace ran out: it stays pending
+            if error is None:
+                outcome = EntryOutcome.OK if attempt == 1 else EntryOutcome.RETRIED
+                rt.metrics.entries_handled(rt.service, outcome, (time.perf_counter() - started,))
+                self.to_ack.append(entry_id)
+                return True
+            rt.metrics.handler_failed(rt.service)
+            step = after_failure(
+                error,
+                attempt,
+                max_attempts=rt.config.max_handler_attempts,
+                backoff_s=rt.config.handler_backoff_s,
+                backoff_max_s=rt.config.handler_backoff_max_s,
+            )
+            if isinstance(step, GiveUp):
+                log.warning(
+                    "group %r stream %r entry %s failed %d time(s) (%s): dead-lettering it",
+                    rt.service,
+                    self.stream,
+                    entry_id,
+                    attempt,
+                    step.error,
+                    extra=self.extra,
+                )
+                reason = (
+                    DeadLetterReason.HANDLER_FAILED
+                    if step.rejected is None
+                    else DeadLetterReason.REJECTED
+                )
+                if not await self._dead_letter(
+                    entry_id,
+                    fields,
+                    attempt,
+                    step.error,
+                    retry_count=earlier,
+                    reason=reason,
+                    rejected=step.rejected,
+                ):
+                    return False
+                rt.metrics.entries_handled(
+                    rt.service, EntryOutcome.DEAD_LETTERED, (time.perf_counter() - started,)
+                )
+                self.to_ack.append(entry_id)
+                await self._flush()  # so that no other consumer handles it again
+                return True
+            if not await self._pause(step.delay_s) or not self.usable():
+                return False
+            attempt += 1
+
+    async def _dead_letter(
+        self,
+        entry_id: str,
+        fields: Mapping[Any, Any],
+        attempts: int,
+        error: str,
+        *,
+        retry_count: int,
+        reason: DeadLetterReason,
+        rejected: str | None = None,
+    ) -> bool:
+        """Append the entry's dead letter (once: a second call for the same entry, by
+        any member, finds the first one's marker); True once it is written, False if
+        the lane stopped or lost its member first."""
+        rt = self.rt
+        letter = entry_dead_letter(
+            {text(k): text(v) for k, v in fields.items()} if rt.raw else dict(fields),
+            stream=self.stream,
+            entry_id=entry_id,
+            retry_count=retry_count,
+            attempts=attempts,
+            owner=self.member,
+            error=error,
+            rejected=rejected,
+        )
+        letter.append((GROUP_FIELD, rt.group))
+        if reason is DeadLetterReason.MAX_RETRIES_EXCEEDED:
+            letter = [(k, reason.value) if k == "_dlq_reason" else (k, v) for k, v in letter]
+        backoff = Backoff()
+        while True:
+            if self.stopping or not self.usable():
+                return False
+            try:
+                _, trimmed = await rt.gateway.dead_letter_entry(letter)
+            except Exception as exc:
+                rt.metrics.loop_error(rt.service, "group")
+                delay = backoff.next_delay()
+                log_failure(log, f"group stream {self.stream!r}: writing a dead letter", exc, delay)
+                if not await self._pause(delay):
+                    return False
+                continue
+            rt.metrics.dead_lettered(rt.service, reason)
+            if trimmed > 0:
+                rt.metrics.dlq_trimmed(rt.service, trimmed)
+            _tracing.mark(
+                "streamjobs.dead_letter",
+                {**self.extra, "entry_id": entry_id, "reason": reason.value},
+            )
+            return True
+
+
+_NO_INFO: Mapping[str, Any] = {}
+
+
+class GroupRuntime:
+    """Everything a running :class:`~streamjobs.GroupConsumer` holds."""
+
+    def __init__(
+        self,
+        hooks: Hooks,
+        gateway: Gateway,
+        *,
+        client: Any,
+        name: str,
+        streams: Sequence[str],
+        start_id: str,
+        config: ConsumerConfig,
+        recovery: RecoveryConfig,
+        metrics: MetricsRecorder,
+        cluster: bool,
+    ) -> None:
+        self.hooks = hooks
+        self.gateway = gateway
+        self.client = client
+        self.name = name
+        self.service = gateway.keys.service
+        self.group = gateway.keys.group
+        self.streams = tuple(streams)
+        self.start_id = start_id
+        self.config = config
+        self.recovery = recovery
+        self.metrics = metrics
+        self.cluster = cluster
+        self.raw = gateway.raw_fields
+        self.ttl_s = config.lock_ttl_s
+        self.ttl_ms = max(1, int(config.lock_ttl_s * 1000))
+        self.call_handle = entry_caller(hooks.handle)
+        self.lanes: list[Lane] = []
+        self.running = False
+        self._stop = anyio.Event()
+        self._ready = anyio.Event()
+        self._stopped = anyio.Event()
+        self._cm_tg: anyio.abc.TaskGroup | None = None
+
+    def caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
+        """What calls ``handle()``: with its time limit and span, when configured."""
+        call = self.call_handle
+        timeout_s = self.config.handler_timeout_s
+        if timeout_s is not None:
+            call = functools.partial(_call_within, call, timeout_s)
+        tracer = _tracing.tracer()
+        if tracer is not None:
+            call = functools.partial(
+                _tracing.handle_in_span, tracer, call, group=self.group, consumer=self.name
+            )
+        return call
+
+    def health(self) -> tuple[bool, str]:
+        """Alive: running, and Redis answered within two session TTLs."""
+        if not self.running:
+            return False, "not running"
+        last = self.gateway.last_ok
+        if last is None or time.monotonic() - last > 2 * self.ttl_s:
+            return False, "no reply from Redis within two session TTLs"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready: running, and a live member on every stream."""
+        if not self.running or not self._ready.is_set():
+            return False, "not started"
+        missing = [lane.stream for lane in self.lanes if lane.dead]
+        if missing:
+            return False, f"no live member on {len(missing)} stream(s), e.g. {missing[0]!r}"
+        return True, f"reading {len(self.lanes)} stream(s)"
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self.running:
+            await self._stopped.wait()
+
+    async def enter(self, run: Callable[..., Coroutine[Any, Any, None]]) -> None:
+        self._cm_tg = anyio.create_task_group()
+        await self._cm_tg.__aenter__()
+        try:
+            await self._cm_tg.start(run)
+        except BaseException as exc:
+            try:
+                await self._cm_tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                if group.exceptions == (exc,):
+                    raise exc from None
+                raise
+            raise
+
+    async def exit(self) -> None:
+        self._stop.set()
+        assert self._cm_tg is not None
+        tg, self._cm_tg = self._cm_tg, None
+        await tg.__aexit__(None, None, None)
+
+    async def _hook(self, name: str) -> None:
+        try:
+            await getattr(self.hooks, name)()
+        except Exception as exc:
+            raise HookFailed(name, exc) from exc
+
+    async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        if self.running:
+            raise StreamJobsError("this consumer is already running")
+        self.running = True
+        self._stopped = anyio.Event()
+        try:
+            try:
+                await self.gateway.load_scripts()
+            except Exception as exc:
+                error = translate(exc)
+                if isinstance(error, RedisUnavailable):
+                    raise error from exc
+                raise
+            await self._hook("on_startup")
+            self.lanes = [Lane(self, stream) for stream in self.streams]
+            async with anyio.create_task_group() as loops:
+                async with anyio.create_task_group() as lanes:
+                    for lane in self.lanes:
+                        lanes.start_soon(lane.run)
+                    loops.start_soon(self._beat_loop)
+                    loops.start_soon(self._reclaim_loop)
+                    with anyio.move_on_after(self.ttl_s):
+                        for lane in self.lanes:
+                            await lane.joined.wait()
+                    self._ready.set()
+                    task_status.started()
+                    await self._stop.wait()
+                    for lane in self.lanes:
+                        lane.stop(self.config.shutdown_grace_s)
+                loops.cancel_scope.cancel()
+        finally:
+            raising = sys.exc_info()[0] is not None
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._hook("on_shutdown")
+                except HookFailed as exc:
+                    if not raising:
+                        raise
+                    log.error("%s (while run() ended with another error)", exc)
+                finally:
+                    self.running = False
+                    self._stop = anyio.Event()
+                    self._ready = anyio.Event()
+                    self._stopped.set()
+
+    # -- the shared loops --------------------------------------------------------------
+
+    def _alive_lanes(self) -> list[Lane]:
+        return [lane for lane in self.lanes if not lane.dead and not lane.stopping]
+
+    async def _beat_loop(self) -> None:
+        backoff = Backoff()
+        while True:
+            await anyio.sleep(self.config.heartbeat_s)
+            try:
+                await self._beat()
+                self.gateway.last_ok = time.monotonic()
+                self.metrics.heartbeat(self.service, True)
+                backoff.reset()
+            except Exception as exc:
+                self.metrics.heartbeat(self.service, False)
+                self.metrics.loop_error(self.service, "group_heartbeat")
+                log_failure(log, f"group {self.service!r} heartbeat", exc, 0)
+
+    async def _beat(self) -> None:
+        lanes = self._alive_lanes()
+        if not lanes:
+            return
+        batches = [[lane] for lane in lanes] if self.cluster else [lanes]
+        for batch in batches:
+            sent = time.monotonic()
+            replies = await self.gateway.scripts.group_beat(
+                keys=[lane.members for lane in batch],
+                args=[self.ttl_ms, *(lane.member for lane in batch)],
+            )
+            for lane, ok in zip(batch, replies, strict=True):
+                if lane.dead:
+                    continue
+                if int(ok) == 1:
+                    lane.alive_until = sent + self.ttl_s
+                else:
+                    lane.lose("its session expired")
+
+    async def _reclaim_loop(self) -> None:
+        min_idle_ms = int(self.recovery.min_idle_s * 1000)
+        forget_ms = int(FORGET_AFTER_S * 1000)
+        while True:
+            await anyio.sleep(RECLAIM_INTERVAL_S * random.uniform(0.75, 1.25))
+            for lane in self._alive_lanes():
+                try:
+                    r = await self.gateway.scripts.group_reclaim(
+                        keys=[lane.stream, lane.members],
+                        args=[
+                            self.group,
+                            lane.member,
+                            self.config.read_batch_size,
+                            min_idle_ms,
+                            forget_ms,
+                        ],
+                    )
+                except Exception as exc:
+                    self.metrics.loop_error(self.service, "group_reclaim")
+                    log_failure(log, f"group stream {lane.stream!r}: reclaim", exc, 0)
+                    continue
+                code = int(r[0])
+                if code == -1:
+                    lane.lose("its session expired (seen by the reclaim pass)")
+                elif code == 1 and r[1]:
+                    log.info(
+                        "group %r stream %r: claimed %d entries from dead members",
+                        self.service,
+                        lane.stream,
+                        len(r[1]),
+                        extra=lane.extra,
+                    )
+                    lane.claimed(len(r[1]))

@@ -1,0 +1,24 @@
+-- group_ack.lua: acknowledge entries of a shared group, fenced by the acker's session
+-- (docs/shared-groups.md#fencing). Every key is in the stream's slot.
+-- KEYS[1]  the data stream
+-- KEYS[2]  the stream's member index of this group
+-- KEYS[3]  the stream's restart counters of this group (hash: entry id -> starts)
+-- ARGV[1]  consumer group name
+-- ARGV[2]  the acking member
+-- ARGV[3..] entry ids
+-- Returns the number acknowledged, or -1 if the member is dead (nothing acknowledged:
+-- its entries are, or will be, another member's).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
+if not score or tonumber(score) <= now then
+  return -1
+end
+if #ARGV < 3 then
+  return 0
+end
+local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HDEL', KEYS[3], unpack(ARGV, 3))
+end
+return acked

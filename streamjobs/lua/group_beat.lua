@@ -1,0 +1,21 @@
+-- group_beat.lua: renew a GroupConsumer's session on some streams
+-- (docs/shared-groups.md#sessions). All keys in one slot.
+-- KEYS[1] .. KEYS[n]  member indexes (sorted sets: member -> deadline, ms)
+-- ARGV[1]     session TTL, milliseconds
+-- ARGV[2..n+1] the member to renew in each index, in KEYS order
+-- Returns one integer per key: 1 renewed, 0 dead (its deadline passed, it stopped, or
+-- it is gone): a dead member is never revived, so whatever was reclaimed from it
+-- stays with its new holder.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS do
+  local score = redis.call('ZSCORE', KEYS[i], ARGV[i + 1])
+  if score and tonumber(score) > now then
+    redis.call('ZADD', KEYS[i], 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -1,0 +1,32 @@
+-- group_leave.lua: a GroupConsumer stops reading a stream
+-- (docs/shared-groups.md#stopping). Every key is in the stream's slot.
+-- KEYS[1]  the data stream
+-- KEYS[2]  the stream's member index of this group
+-- ARGV[1]  consumer group name
+-- ARGV[2]  the member
+-- The member is marked stopped (score -now): from then on it acknowledges nothing, and
+-- whatever is still pending under it is reclaimed by the next pass of any live member.
+-- With nothing pending, it also leaves the group itself.
+-- Returns the number of entries left pending under it.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local pending = 0
+local grouped = false
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local summary = redis.pcall('XPENDING', KEYS[1], ARGV[1])
+  if type(summary) == 'table' and not summary.err then
+    grouped = true
+    for _, c in ipairs(summary[4] or {}) do
+      if c[1] == ARGV[2] then
+        pending = tonumber(c[2])
+      end
+    end
+  end
+end
+if grouped and pending == 0 then
+  redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+if redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+  redis.call('ZADD', KEYS[2], -now, ARGV[2])
+end
+return pending

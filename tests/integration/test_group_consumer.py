@@ -1,0 +1,302 @@
+"""``GroupConsumer`` against real Redis, standalone and on the cluster: entries shared by
+the members of a group, each handled once; retries, dead letters and their replay;
+bytes mode and plain handlers; a graceful stop that hands unhandled entries on at once;
+the fence on acknowledgements; entries of other clients and trimmed entries
+(docs/shared-groups.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from streamjobs import (
+    ClusterMode,
+    ConfigurationError,
+    ConsumerConfig,
+    DeadLetter,
+    DeadLetters,
+    GroupConsumer,
+    Message,
+    RecoveryConfig,
+    Retry,
+)
+from streamjobs._keys import Keys
+from streamjobs.group import group_runtime_of
+from tests.harness.plugin import cluster_mode_for
+
+from ._helpers import eventually
+
+pytestmark = pytest.mark.anyio
+
+FAST = ConsumerConfig(lock_ttl_s=1.0, read_block_ms=100, read_batch_size=10)
+
+
+class Recording(GroupConsumer):
+    """Records (consumer, stream, id, fields) of every handled entry; ``n=bad`` is
+    dead-lettered until ``fixed``, ``n=retry`` asks once for a retry, ``slow_s`` sleeps."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, str, str, dict[str, str]]] = []
+        self.messages: list[Message] = []
+        self.fixed = False
+        self.retried: set[str] = set()
+
+    async def handle(self, message: Message) -> None:
+        n = message.fields.get("n")
+        if n == "bad" and not self.fixed:
+            raise DeadLetter("bad for now")
+        if n == "retry" and message.id not in self.retried:
+            self.retried.add(message.id)
+            raise Retry(0.01)
+        if "slow_s" in message.fields:
+            await anyio.sleep(float(message.fields["slow_s"]))
+        self.seen.append((self.consumer_name, message.stream, message.id, dict(message.fields)))
+        self.messages.append(message)
+
+
+@asynccontextmanager
+async def running(*consumers: GroupConsumer[Any]) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        for consumer in consumers:
+            await tg.start(consumer.run)
+        try:
+            yield
+        finally:
+            for consumer in consumers:
+                await consumer.aclose()
+
+
+def members_key(service: str, stream: str) -> str:
+    return Keys(service).members(stream)
+
+
+async def pending(redis: Any, stream: str, group: str) -> int:
+    return int((await redis.xpending(stream, group))["pending"])
+
+
+def make(
+    redis: Any,
+    service: str,
+    streams: Sequence[str],
+    name: str,
+    cls: type[GroupConsumer[Any]] = Recording,
+    **kwargs: Any,
+) -> Any:
+    kwargs.setdefault("config", FAST)
+    return cls(
+        redis,
+        service=service,
+        streams=streams,
+        consumer_name=name,
+        cluster_mode=cluster_mode_for(redis),
+        **kwargs,
+    )
+
+
+async def test_entries_are_shared_and_each_handled_once(redis: Any, service: str, uid: str) -> None:
+    streams = [f"g:{uid}:a", f"g:{uid}:b"]
+    consumers = [make(redis, service, streams, f"c{i}") for i in range(3)]
+    async with running(*consumers):
+        ids = {s: [await redis.xadd(s, {"n": str(i)}) for i in range(100)] for s in streams}
+        await eventually(lambda: _async(_count(consumers) >= 200))
+    seen = [row for c in consumers for row in c.seen]
+    assert sorted((s, i) for _, s, i, _ in seen) == sorted(
+        (s, i.decode()) for s in streams for i in ids[s]
+    )
+    assert len({c for c, _, _, _ in seen}) >= 2, "the work was not shared"
+    for c in consumers:  # in the order read, within one consumer and stream
+        for s in streams:
+            mine = [_order(i) for _, stream, i, _ in c.seen if stream == s]
+            assert mine == sorted(mine)
+    for s in streams:
+        assert await pending(redis, s, service) == 0
+        scores = [
+            score
+            for _, score in await redis.zrange(members_key(service, s), 0, -1, withscores=True)
+        ]
+        assert len(scores) == 3
+        assert all(score < 0 for score in scores), "not all stopped"
+        groups = await redis.xinfo_groups(s)
+        assert groups[0]["consumers"] == 0, "a stopped member with nothing pending stays"
+
+
+def _count(consumers: Sequence[Recording]) -> int:
+    return sum(len(c.seen) for c in consumers)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+async def test_retry_dead_letter_and_replay(redis: Any, service: str, uid: str) -> None:
+    stream = f"g:{uid}"
+    consumer = make(redis, service, [stream], "c0")
+    async with running(consumer):
+        good = await redis.xadd(stream, {"n": "retry"})
+        bad = (await redis.xadd(stream, {"n": "bad", "payload": "x"})).decode()
+        dlq = DeadLetters(redis, service=service)
+        await eventually(lambda: _has_letters(dlq, 1))
+        await eventually(lambda: _settled(redis, stream, service))
+        assert [m.id for m in consumer.messages] == [good.decode()]
+        assert consumer.messages[0].attempt == 2
+        (letter,) = await dlq.list()
+        assert (letter.source_stream, letter.source_id, letter.group) == (stream, bad, service)
+        assert letter.rejected == "bad for now"
+        assert dict(letter.fields) == {"n": "bad", "payload": "x"}
+        consumer.fixed = True
+        report = await dlq.replay([letter.id])
+        assert [r.target for r in report.replayed] == [stream]
+        await eventually(lambda: _async(len(consumer.messages) == 2))
+        again = consumer.messages[1]
+        assert again.replayed_from == bad
+        assert again.fields["payload"] == "x"
+        assert await dlq.length() == 0
+        # A repeat of the same replay appends nothing.
+        assert (await dlq.replay([letter.id])).replayed == []
+    assert await redis.xlen(stream) == 3
+
+
+async def _has_letters(dlq: DeadLetters, n: int) -> bool:
+    return await dlq.length() >= n
+
+
+async def _settled(redis: Any, stream: str, group: str) -> bool:
+    return await pending(redis, stream, group) == 0
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+class Raw(GroupConsumer[bytes]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[Message[bytes]] = []
+
+    def handle(self, message: Message[bytes]) -> None:  # a plain def: a worker thread
+        self.seen.append(message)
+
+
+async def test_bytes_mode_with_a_plain_handler(redis: Any, service: str, uid: str) -> None:
+    stream = f"g:{uid}"
+    blob = bytes(range(256))
+    consumer = make(redis, service, [stream], "c0", cls=Raw)
+    async with running(consumer):
+        await redis.xadd(stream, {b"blob": blob})
+        await eventually(lambda: _async(len(consumer.seen) == 1))
+    assert consumer.seen[0].fields == {b"blob": blob}
+
+
+async def test_start_id_dollar_reads_only_new_entries(redis: Any, service: str, uid: str) -> None:
+    stream = f"g:{uid}"
+    await redis.xadd(stream, {"n": "old"})
+    consumer = make(redis, service, [stream], "c0", start_id="$")
+    async with running(consumer):
+        await redis.xadd(stream, {"n": "new"})
+        await eventually(lambda: _async(len(consumer.seen) == 1))
+        await anyio.sleep(0.3)  # an old entry would have come first
+    assert [f["n"] for _, _, _, f in consumer.seen] == ["new"]
+
+
+async def test_graceful_stop_hands_unhandled_entries_on_at_once(
+    redis: Any, service: str, uid: str
+) -> None:
+    stream = f"g:{uid}"
+    slow_config = ConsumerConfig(
+        lock_ttl_s=10.0, read_block_ms=100, read_batch_size=10, shutdown_grace_s=0.5
+    )
+    first = make(redis, service, [stream], "c0", config=slow_config)
+    async with running(first):
+        for i in range(10):
+            await redis.xadd(stream, {"n": str(i), "slow_s": "0.2"})
+        await eventually(lambda: _async(len(first.seen) >= 1))
+    left = await pending(redis, stream, service)
+    assert left > 0, "the first consumer handled everything before it stopped"
+    second = make(redis, service, [stream], "c1", config=slow_config)
+    started = time.monotonic()
+    async with running(second):
+        await eventually(lambda: _settled(redis, stream, service), timeout_s=10)
+    # Long before the 10 s session TTL: a stopped member's entries go at once.
+    assert time.monotonic() - started < 5
+    handled = {i for _, _, i, _ in first.seen + second.seen}
+    assert len(handled) == 10
+
+
+async def test_a_dead_member_acknowledges_nothing_and_joins_again(
+    redis: Any, service: str, uid: str
+) -> None:
+    stream = f"g:{uid}"
+    consumer = make(redis, service, [stream], "c0")
+    async with running(consumer):
+        await redis.xadd(stream, {"n": "0"})
+        await eventually(lambda: _async(len(consumer.seen) == 1))
+        lane = group_runtime_of(consumer).lanes[0]
+        old = lane.member
+        entry = (await redis.xadd(stream, {"n": "held", "slow_s": "0.5"})).decode()
+        await eventually(lambda: _pending_under(redis, stream, service, old))
+        # The session ends on the server while the handler runs.
+        await redis.zadd(members_key(service, stream), {old: 1})
+        gw = group_runtime_of(consumer).gateway
+        refused = await gw.scripts.group_ack(
+            keys=[stream, members_key(service, stream), Keys(service).starts(stream)],
+            args=[service, old, entry],
+        )
+        assert int(refused) == -1
+        await eventually(lambda: _async(lane.member != old and not lane.dead))
+        # The entry the dead member held is reclaimed and handled under the new one.
+        await eventually(lambda: _settled(redis, stream, service))
+        assert [i for _, _, i, _ in consumer.seen].count(entry) >= 1
+        await redis.xadd(stream, {"n": "after"})
+        await eventually(lambda: _async(consumer.seen[-1][3]["n"] == "after"))
+
+
+async def _pending_under(redis: Any, stream: str, group: str, member: str) -> bool:
+    found = await redis.xpending_range(stream, group, "-", "+", 10, consumername=member)
+    return bool(found)
+
+
+async def test_other_clients_entries_are_taken_after_min_idle(
+    redis: Any, service: str, uid: str
+) -> None:
+    stream = f"g:{uid}"
+    await redis.xgroup_create(stream, service, id="0", mkstream=True)
+    kept = (await redis.xadd(stream, {"n": "kept"})).decode()
+    trimmed = (await redis.xadd(stream, {"n": "trimmed"})).decode()
+    await redis.xreadgroup(service, "outsider", {stream: ">"}, count=10)
+    await redis.xdel(stream, trimmed)  # pending, but gone from the stream
+    recovery = RecoveryConfig(min_idle_s=1.5)
+    consumer = make(redis, service, [stream], "c0", recovery=recovery)
+    started = time.monotonic()
+    async with running(consumer):
+        await eventually(lambda: _settled(redis, stream, service), timeout_s=10)
+    assert time.monotonic() - started >= 1.0, "taken before min_idle_s"
+    assert [i for _, _, i, _ in consumer.seen] == [kept]
+
+
+async def test_bad_settings_name_their_field(redis: Any, service: str) -> None:
+    mode = cluster_mode_for(redis)
+    with pytest.raises(ConfigurationError, match="streams"):
+        Recording(redis, service=service, cluster_mode=mode)
+    with pytest.raises(ConfigurationError, match="streams"):
+        Recording(redis, service=service, streams="orders", cluster_mode=mode)
+    with pytest.raises(ConfigurationError, match="start_id"):
+        Recording(redis, service=service, streams=["a"], start_id="1-0", cluster_mode=mode)
+    with pytest.raises(ConfigurationError, match="streams"):
+
+        class OneName(GroupConsumer):
+            streams = "orders"
+
+            async def handle(self, message: Message) -> None: ...
+
+
+async def test_cluster_mode_must_match_the_client(redis: Any, service: str) -> None:
+    wrong = ClusterMode.NONE if cluster_mode_for(redis) is ClusterMode.OSS else ClusterMode.OSS
+    with pytest.raises(ConfigurationError, match="cluster_mode"):
+        Recording(redis, service=service, streams=["a"], cluster_mode=wrong)
