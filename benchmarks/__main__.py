@@ -48,6 +48,10 @@ SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
     "hot_stream": ([], ["--entries", "2000", "--rounds", "2"]),
     "hot_stream_bytes": (["--bytes"], ["--entries", "2000", "--rounds", "2", "--bytes"]),
     "many_streams": ([], ["--streams", "20", "--entries", "3", "--rounds", "2"]),
+    "shared_group": (
+        [],
+        ["--entries", "2000", "--rounds", "2", "--processes", "1,2", "--process-entries", "2000"],
+    ),
     "idle_cost": (
         # Liveness.LOCK is not meant for 10,000 streams (benchmarks/README.md, idle cost).
         ["--streams", "10000", "--liveness", "session"],

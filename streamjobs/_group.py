@@ -18,6 +18,7 @@ held is reclaimed, by it or by another member.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -30,6 +31,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from redis.exceptions import NoScriptError
 
 from . import _tracing
 from ._backoff import Backoff
@@ -37,7 +39,8 @@ from ._deadletter import GROUP_FIELD, DeadLetterReason, entry_dead_letter
 from ._guard import log_failure
 from ._pipeline import GiveUp, Hooks, _call_within, after_failure, entry_caller
 from ._redis import Gateway, translate
-from ._redis._boundary import text
+from ._redis._boundary import _stream_entries, raw_sized_entries, sized_entries, text
+from ._waiter import Waiter
 from .config import ConsumerConfig, RecoveryConfig
 from .exceptions import HookFailed, RedisUnavailable, StreamJobsError
 from .message import Message
@@ -101,11 +104,14 @@ class Lane:
         from the dead, or delivered by a read whose reply was lost): read them first."""
         self.stopping = False
         self.to_ack: list[str] = []
-        self.last_flush = time.monotonic()
+        self.last_flush = time.perf_counter()
         self.joined = anyio.Event()
+        self.registered = False
+        """The stream is in the service's list of group streams (``Keys.group_streams``)."""
         self._read_scope: anyio.CancelScope | None = None
         self._handle_scope: anyio.CancelScope | None = None
         self._pause_scope: anyio.CancelScope | None = None
+        self._idle_wake: asyncio.Future[None] | None = None
         self.extra = {"stream": stream, "service": runtime.service}
 
     # -- state changes, from any task of the consumer --------------------------------
@@ -157,6 +163,9 @@ class Lane:
         for scope in (self._read_scope, self._pause_scope):
             if scope is not None:
                 scope.cancel()
+        idle = self._idle_wake
+        if idle is not None and not idle.done():
+            idle.set_result(None)
 
     # -- the lane's own task ----------------------------------------------------------
 
@@ -192,6 +201,9 @@ class Lane:
             keys=[self.stream, self.members],
             args=[rt.group, member, rt.ttl_ms, rt.start_id],
         )
+        if not self.registered:
+            await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
+            self.registered = True
         self.member = member
         self.alive_until = sent + rt.ttl_s
         self.dead = False
@@ -240,7 +252,7 @@ class Lane:
             self.lose("an acknowledgement was refused")
             return
         del ids[:]
-        self.last_flush = time.monotonic()
+        self.last_flush = time.perf_counter()
 
     async def _read(self, position: str, block_ms: int | None) -> list[tuple[str, Any]]:
         rt = self.rt
@@ -254,17 +266,88 @@ class Lane:
         rt.gateway.last_ok = time.monotonic()
         return _entries(reply, rt.raw)
 
+    async def _ack_and_read(self) -> tuple[list[tuple[str, Any]], str]:
+        """One round trip per batch (standalone): the acknowledgement of the batch
+        handled last (``group_ack.lua``), new entries (``XREADGROUP >``, not blocking)
+        and the id of the stream's newest entry, in one MULTI. When nothing was new,
+        the shared idle wait waits for an entry after that id, and none can have come
+        in between.
+
+        A MULTI runs every command it queued: if the acknowledgement is refused (the
+        member is dead), the read still delivered entries to the dead member; they are
+        dropped here and reclaimed by a live one."""
+        rt = self.rt
+        ids = self.to_ack if self.usable() else []
+        commands: list[tuple[Any, ...]] = []
+        if ids:
+            commands.append(
+                ("EVALSHA", rt.gateway.scripts.group_ack.sha, 3, self.stream, self.members,
+                 self.starts, rt.group, self.member, *ids)
+            )  # fmt: skip
+        commands += [
+            ("XREADGROUP", "GROUP", rt.group, self.member, "COUNT", rt.config.read_batch_size,
+             "STREAMS", self.stream, ">"),
+            ("XREVRANGE", self.stream, "+", "-", "COUNT", 1),
+        ]  # fmt: skip
+        replies = await rt.gateway._transaction(self.stream, commands)
+        rt.gateway.last_ok = time.monotonic()
+        if ids:
+            acked = replies.pop(0)
+            if isinstance(acked, NoScriptError):
+                await self._flush()  # loads the script (a restarted or failed-over server)
+            elif isinstance(acked, BaseException):
+                raise translate(acked, in_script=True) from acked
+            elif int(acked) < 0:
+                self.lose("an acknowledgement was refused")
+                return _NO_ENTRIES, "0-0"
+            else:
+                del ids[: len(ids)]
+                self.last_flush = time.perf_counter()
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise translate(reply) from reply
+        found = _stream_entries(replies[0])
+        entries = (raw_sized_entries if rt.raw else sized_entries)(found)[0]
+        tail = replies[1]
+        newest = text(tail[0][0]) if tail else "0-0"
+        return entries, newest
+
+    async def _idle(self, newest: str) -> None:
+        """Wait in the shared idle wait for an entry after ``newest``; a claim, a loss
+        or a stop ends the wait at once."""
+        waiter = self.rt.waiter
+        assert waiter is not None
+        # Nothing awaits between the check and the registration: a wake-up after the
+        # future exists resolves it, and the wait returns at once.
+        self._idle_wake = asyncio.get_running_loop().create_future()
+        try:
+            if self.stopping or self.dead or self.history:
+                return
+            timeout_s = waiter.idle_timeout_s(self.stream, self.rt.config.read_block_ms / 1000)
+            await waiter.wait(self.stream, newest, timeout_s, self._idle_wake)
+        finally:
+            self._idle_wake = None
+
     async def _step(self) -> None:
-        await self._flush()
         if self.stopping or not self.usable():
             return
         if self.history:
+            await self._flush()
             entries = await self._read("0", None)
             if not entries:
                 self.history = False
                 return
             redelivered = True
+        elif self.rt.waiter is not None:
+            entries, newest = await self._ack_and_read()
+            if self.dead:
+                return
+            if not entries:
+                await self._idle(newest)
+                return
+            redelivered = False
         else:
+            await self._flush()
             with anyio.CancelScope() as scope:
                 self._read_scope = scope
                 try:
@@ -277,75 +360,90 @@ class Lane:
                 self.history = True
                 return
             redelivered = False
-        await self._handle_batch(entries, redelivered)
-        await self._flush()
+        with anyio.CancelScope() as scope:
+            # Shutdown gives the call in flight shutdown_grace_s (Lane.stop sets the
+            # deadline); then the rest of the batch stays pending, for another member.
+            self._handle_scope = scope
+            try:
+                await self._handle_batch(entries, redelivered)
+            finally:
+                self._handle_scope = None
 
     async def _handle_batch(self, entries: list[tuple[str, Any]], redelivered: bool) -> None:
-        """Hand ``entries`` to ``handle()`` in order. ``redelivered``: they come from our
-        own pending list (claimed from a member that died or stopped, or read again
-        after a lost reply): each start of one is counted first, so an entry that
-        keeps killing its consumers is dead-lettered (docs/shared-groups.md#crash-loops)."""
-        call = self.rt.caller()
-        for entry_id, fields in entries:
-            if self.stopping or not self.usable():
-                return
-            if fields is None:
-                # Pending, but trimmed or deleted from the stream: nothing to hand.
-                self.to_ack.append(entry_id)
-                continue
-            restarts = 0
-            if redelivered:
-                restarts = int(await self.rt.client.hincrby(self.starts, entry_id, 1))
-                if restarts > self.rt.recovery.max_retries:
-                    if not await self._dead_letter(
-                        entry_id,
-                        fields,
-                        0,
-                        f"begun {restarts} times after a consumer died or stopped "
-                        "holding it, never acknowledged: it may be killing its consumers",
-                        retry_count=restarts,
-                        reason=DeadLetterReason.MAX_RETRIES_EXCEEDED,
-                    ):
-                        return
-                    self.to_ack.append(entry_id)
-                    await self._flush()
+        """Hand ``entries`` to ``handle()`` in order, each queued for acknowledgement once
+        done. ``redelivered``: they come from our own pending list (claimed from a
+        member that died or stopped, or read again after a lost reply): each start of
+        one is counted first, so an entry that keeps killing its consumers is
+        dead-lettered (docs/shared-groups.md#crash-loops)."""
+        rt = self.rt
+        call = rt.caller()
+        stream, to_ack = self.stream, self.to_ack
+        clock = time.perf_counter
+        durations: list[float] = []
+        try:
+            for entry_id, fields in entries:
+                if self.stopping or self.dead or not self.usable():
+                    return
+                if fields is None:
+                    # Pending, but trimmed or deleted from the stream: nothing to hand.
+                    to_ack.append(entry_id)
                     continue
-            if not await self._handle_one(call, entry_id, fields, restarts):
-                return
-            if self.to_ack and time.monotonic() - self.last_flush > ACK_INTERVAL_S:
-                await self._flush()
+                restarts = 0
+                if redelivered:
+                    restarts = int(await rt.client.hincrby(self.starts, entry_id, 1))
+                    if restarts > rt.recovery.max_retries:
+                        if not await self._crash_loop(entry_id, fields, restarts):
+                            return
+                        continue
+                started = clock()
+                try:
+                    await call(Message(stream, entry_id, fields, _NO_INFO, 1))
+                except Exception as exc:
+                    if not await self._retry(call, entry_id, fields, restarts, exc, started):
+                        return
+                else:
+                    now = clock()
+                    durations.append(now - started)
+                    to_ack.append(entry_id)
+                    if now - self.last_flush > ACK_INTERVAL_S:
+                        await self._flush()
+        finally:
+            if durations:
+                rt.metrics.entries_handled(rt.service, EntryOutcome.OK, durations)
 
-    async def _handle_one(
+    async def _crash_loop(self, entry_id: str, fields: dict[Any, Any], restarts: int) -> bool:
+        """Dead-letter an entry begun ``restarts`` times after its consumers died or
+        stopped holding it; True once done (False: the lane stopped or lost its member)."""
+        if not await self._dead_letter(
+            entry_id,
+            fields,
+            0,
+            f"begun {restarts} times after a consumer died or stopped holding it, never "
+            "acknowledged: it may be killing its consumers",
+            retry_count=restarts,
+            reason=DeadLetterReason.MAX_RETRIES_EXCEEDED,
+        ):
+            return False
+        self.to_ack.append(entry_id)
+        await self._flush()
+        return True
+
+    async def _retry(
         self,
         call: Callable[[Message[Any]], Awaitable[None]],
         entry_id: str,
         fields: dict[Any, Any],
-        earlier: int,
+        restarts: int,
+        first: Exception,
+        started: float,
     ) -> bool:
-        """Hand one entry to ``handle()``, with retries; True once it is done (handled
-        or dead-lettered, and queued for acknowledgement), False if the lane stopped or
-        lost its member meanwhile (it stays pending, for whoever holds it next)."""
+        """Attempts 2.. of an entry whose first ``handle()`` call raised ``first``; True
+        once it is done (handled or dead-lettered, and queued for acknowledgement),
+        False if the lane stopped or lost its member meanwhile (it stays pending, for
+        whoever holds it next)."""
         rt = self.rt
-        started = time.perf_counter()
-        attempt = 1
+        attempt, error = 1, first
         while True:
-            message = Message(self.stream, entry_id, fields, _NO_INFO, attempt)
-            with anyio.CancelScope() as scope:
-                self._handle_scope = scope
-                try:
-                    await call(message)
-                    error: Exception | None = None
-                except Exception as exc:
-                    error = exc
-                finally:
-                    self._handle_scope = None
-            if scope.cancelled_caught:
-                return False  # shutdown's grace ran out: it stays pending
-            if error is None:
-                outcome = EntryOutcome.OK if attempt == 1 else EntryOutcome.RETRIED
-                rt.metrics.entries_handled(rt.service, outcome, (time.perf_counter() - started,))
-                self.to_ack.append(entry_id)
-                return True
             rt.metrics.handler_failed(rt.service)
             step = after_failure(
                 error,
@@ -374,7 +472,7 @@ class Lane:
                     fields,
                     attempt,
                     step.error,
-                    retry_count=earlier,
+                    retry_count=restarts,
                     reason=reason,
                     rejected=step.rejected,
                 ):
@@ -388,6 +486,16 @@ class Lane:
             if not await self._pause(step.delay_s) or not self.usable():
                 return False
             attempt += 1
+            try:
+                await call(Message(self.stream, entry_id, fields, _NO_INFO, attempt))
+            except Exception as exc:
+                error = exc
+                continue
+            rt.metrics.entries_handled(
+                rt.service, EntryOutcome.RETRIED, (time.perf_counter() - started,)
+            )
+            self.to_ack.append(entry_id)
+            return True
 
     async def _dead_letter(
         self,
@@ -477,6 +585,18 @@ class GroupRuntime:
         self.ttl_ms = max(1, int(config.lock_ttl_s * 1000))
         self.call_handle = entry_caller(hooks.handle)
         self.lanes: list[Lane] = []
+        self.waiter: Waiter | None = None
+        if not cluster:
+            # One blocking read for every idle stream (per 1,250 of them), not one
+            # per stream. On a cluster each stream blocks on a connection of its own.
+            self.waiter = Waiter(
+                client,
+                gateway,
+                block_ms=config.read_block_ms,
+                metrics=metrics,
+                service=self.service,
+                streams=len(self.streams),
+            )
         self.running = False
         self._stop = anyio.Event()
         self._ready = anyio.Event()
@@ -564,6 +684,8 @@ class GroupRuntime:
             await self._hook("on_startup")
             self.lanes = [Lane(self, stream) for stream in self.streams]
             async with anyio.create_task_group() as loops:
+                if self.waiter is not None:
+                    await loops.start(self.waiter.run)
                 async with anyio.create_task_group() as lanes:
                     for lane in self.lanes:
                         lanes.start_soon(lane.run)
@@ -656,6 +778,7 @@ class GroupRuntime:
                 if code == -1:
                     lane.lose("its session expired (seen by the reclaim pass)")
                 elif code == 1 and r[1]:
+                    self.metrics.entries_reclaimed(self.service, len(r[1]))
                     log.info(
                         "group %r stream %r: claimed %d entries from dead members",
                         self.service,

@@ -98,6 +98,12 @@ class Keys:
         return f"{self.prefix}:{{{self.service}}}:sessions"
 
     @property
+    def group_streams(self) -> str:
+        """Set: every stream a ``GroupConsumer`` of this service joined (what ``status``
+        lists); same slot as the LBS."""
+        return f"{self.prefix}:{{{self.service}}}:groups"
+
+    @property
     def stopped(self) -> str:
         """Hash: consumer name -> server time (ms) it stopped cleanly, so that ``status``
         tells a stopped consumer from a dead one; same slot as the LBS, kept a day."""

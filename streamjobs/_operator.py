@@ -52,6 +52,20 @@ class StreamRow:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRow:
+    """The service's shared group on one stream, as read by :meth:`group_rows`."""
+
+    exists: bool
+    pending: int
+    lag: int | None
+    oldest_pending_id: str
+    members: dict[str, float]
+    """Member index: member -> deadline (ms), or minus the time it stopped."""
+    consumers: list[tuple[str, int, int]]
+    """The group's consumers: (name, pending, idle ms)."""
+
+
+@dataclass(frozen=True, slots=True)
 class EntryReplay:
     """What ``replay_entry.lua`` did with a batch of one data stream's dead entries."""
 
@@ -117,6 +131,66 @@ class OperatorGateway(Gateway):
             if await self.client.exists(key):
                 return True
         return False
+
+    @translated
+    async def group_streams(self) -> list[str]:
+        """The streams ``GroupConsumer`` of this service joined, sorted."""
+        return sorted(text(s) for s in await self.client.smembers(self.keys.group_streams))
+
+    @translated
+    async def group_rows(self, streams: Sequence[str]) -> list[GroupRow]:
+        """The service's group on each of ``streams``: its pending count, lag and
+        oldest pending id, the member index, and the group's consumers."""
+        commands: list[tuple[Any, ...]] = []
+        for s in streams:
+            commands += [
+                ("XINFO", "GROUPS", s),
+                ("XPENDING", s, self.keys.group),
+                ("ZRANGE", self.keys.members(s), 0, -1, "WITHSCORES"),
+                ("XINFO", "CONSUMERS", s, self.keys.group),
+            ]
+        replies = await self._pipelined(commands)
+        rows = []
+        for i in range(0, len(replies), 4):
+            groups, summary, index, consumers = replies[i : i + 4]
+            mine = next(
+                (g for g in _groups(groups) if text(g.get("name", "")) == self.keys.group), None
+            )
+            lag = None if mine is None else mine.get("lag")
+            oldest = ""
+            if isinstance(summary, dict):
+                first = summary.get("min")
+            elif isinstance(summary, list | tuple) and len(summary) > 1:
+                first = summary[1]
+            else:
+                first = None
+            if first is not None:
+                oldest = text(first)
+            members: dict[str, float] = {}
+            if isinstance(index, list | tuple) and index:
+                pairs = (
+                    index
+                    if isinstance(index[0], list | tuple)
+                    else list(zip(index[::2], index[1::2], strict=True))
+                )
+                members = {text(m): float(score) for m, score in pairs}
+            named: list[tuple[str, int, int]] = []
+            if isinstance(consumers, list | tuple):
+                for c in consumers:
+                    items = c.items() if isinstance(c, dict) else zip(c[::2], c[1::2], strict=True)
+                    info = {text(k): v for k, v in items}
+                    named.append((text(info["name"]), int(info["pending"]), int(info["idle"])))
+            rows.append(
+                GroupRow(
+                    exists=mine is not None,
+                    pending=0 if mine is None else int(mine["pending"]),
+                    lag=None if lag is None else int(lag),
+                    oldest_pending_id=oldest,
+                    members=members,
+                    consumers=named,
+                )
+            )
+        return rows
 
     @translated
     async def consumers(self) -> list[ConsumerRow]:

@@ -122,6 +122,9 @@ class Tally:
     def dlq_trimmed(self, service: str, count: int) -> None:
         self.inner.dlq_trimmed(service, count)
 
+    def entries_reclaimed(self, service: str, count: int) -> None:
+        self.inner.entries_reclaimed(service, count)
+
     def scan_pass(self, service: str, seconds: float, inspected: int) -> None:
         self.scan_passes += 1
         self.last_scan_at = time.time()

@@ -27,11 +27,12 @@ from ._group import GroupRuntime
 from ._keys import Keys
 from ._pipeline import handler_kind_problem
 from ._redis import Gateway
+from ._waiter import shard_count
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .consumer import _check_block, _check_client, _check_cluster_mode, _default_consumer_name
 from .exceptions import ConfigurationError
 from .message import F, Message
-from .metrics import MetricsRecorder, NullRecorder
+from .metrics import MetricsRecorder, NullRecorder, complete
 
 _START_IDS = ("0", "$")
 
@@ -47,20 +48,21 @@ def _field_type(cls: type) -> type[str] | type[bytes] | None:
     return None
 
 
-def _check_pool(redis: Any, streams: int) -> None:
-    """Each stream's lane blocks on a connection of its own while it waits for entries;
-    the scripts need one more."""
+def _check_pool(redis: Any, streams: int, cluster: bool) -> None:
+    """On a cluster each stream blocks on a connection of its own while it waits for
+    entries; on a standalone server the idle streams share one blocking read per 1,250
+    of them. The reads and scripts of streams with entries need a few more."""
     pool = getattr(redis, "connection_pool", None)
     limit = getattr(pool, "max_connections", None)
     if limit is None:
         limit = (getattr(redis, "connection_kwargs", None) or {}).get("max_connections")
-    needed = streams + 2
+    needed = streams + 2 if cluster else shard_count(streams) + 3
     if isinstance(limit, int) and limit < needed:
         raise ConfigurationError(
             "streams",
-            f"{streams} streams wait for entries on a connection each, so the consumer "
-            f"needs {needed} connections, but the client's pool allows {limit}: create "
-            f"the client with max_connections>={needed}, or read fewer streams",
+            f"reading {streams} streams needs {needed} connections, but the client's "
+            f"pool allows {limit}: create the client with max_connections>={needed}, or "
+            "read fewer streams",
         )
 
 
@@ -145,7 +147,7 @@ class GroupConsumer(abc.ABC, Generic[F]):
             keys.check_data_stream(stream)
         if recovery.dlq_stream is not None:
             keys.check_dlq_name(recovery.dlq_stream)
-        _check_pool(redis, len(chosen))
+        _check_pool(redis, len(chosen), cluster_mode is not ClusterMode.NONE)
         name = consumer_name or _default_consumer_name()
         if not name or any(c.isspace() for c in name):
             raise ConfigurationError("consumer_name", "must be non-empty, without whitespace")
@@ -160,7 +162,7 @@ class GroupConsumer(abc.ABC, Generic[F]):
             start_id=start_id,
             config=config,
             recovery=recovery,
-            metrics=metrics or NullRecorder(),
+            metrics=NullRecorder() if metrics is None else complete(metrics),
             cluster=cluster_mode is not ClusterMode.NONE,
         )
 

@@ -90,6 +90,41 @@ class DeadLetterSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupMemberStatus:
+    """One member of a shared group (docs/shared-groups.md#sessions)."""
+
+    member: str
+    """Its name in the consumer group: the consumer's name and an incarnation
+    (``name~3f2a91c0``), or another client's name."""
+    consumer: str
+    state: str
+    """``alive``, ``stopped``, ``dead``, or ``unknown`` (a name with no session: another
+    client of the group; its entries are reclaimed after ``min_idle_s``)."""
+    pending: int
+    idle_s: float | None
+    """Since it last read (None: not in the group any more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """The service's shared group (``GroupConsumer``) on one stream."""
+
+    stream: str
+    exists: bool
+    """The stream has the group (False: the stream or its group was deleted)."""
+    pending: int
+    """Entries delivered to a member and not acknowledged."""
+    lag: int | None
+    """Entries not delivered yet (None: unknown to the server)."""
+    oldest_pending_age_s: float
+    """Age of the oldest pending entry, from its id (0 if none)."""
+    members: list[GroupMemberStatus]
+
+    def count(self, state: str) -> int:
+        return sum(1 for m in self.members if m.state == state)
+
+
+@dataclass(frozen=True, slots=True)
 class Overview:
     """A service's state: what ``streamjobs status`` prints (``--json``: :meth:`to_json`)."""
 
@@ -103,6 +138,8 @@ class Overview:
     pending: list[PendingAssignment]
     dlq: DeadLetterSummary
     taken_at: float = field(default_factory=time.time)
+    groups: list[GroupStatus] = field(default_factory=list)
+    """The service's shared groups, one per stream (``GroupConsumer``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (docs/operations.md#status): top-level keys
@@ -119,6 +156,7 @@ class Overview:
             "streams": [asdict(s) for s in self.streams],
             "pending": [asdict(p) for p in self.pending],
             "dlq": asdict(self.dlq),
+            "groups": [asdict(g) for g in self.groups],
         }
 
     def dumps(self) -> str:
@@ -195,7 +233,7 @@ class Inspector:
         """
         if queued_only and await self._gw.any_exists(self._keys.assignments, self._gw.dlq):
             return
-        if not await self._gw.group_exists():
+        if not await self._gw.group_exists() and not await self._gw.group_streams():
             raise UnknownService(
                 f"no service {self._keys.service!r} here: {self._keys.assignments} has no "
                 f"consumer group {self._keys.group!r} (no consumer of it has run against "
@@ -213,6 +251,18 @@ class Inspector:
         await self.check_service()
         gw = self._gw
         now_ms = await gw.server_time_ms()
+        groups = await self._groups(now_ms)
+        if not await gw.group_exists():  # only shared groups
+            return Overview(
+                service=self._keys.service,
+                queued=await gw.queue_length(),
+                oldest_pending_age_s=0.0,
+                consumers=[],
+                streams=[],
+                pending=[],
+                dlq=await self._dlq_summary(),
+                groups=groups,
+            )
         consumers = await gw.consumers()
         pending = await gw.pending_all(MAX_PENDING)
         fields = await gw.assignment_fields([p.id for p in pending])
@@ -270,7 +320,52 @@ class Inspector:
             streams=streams,
             pending=orphans,
             dlq=await self._dlq_summary(),
+            groups=groups,
         )
+
+    async def groups(self) -> list[GroupStatus]:
+        """The service's shared groups (``GroupConsumer``), one per stream a consumer
+        joined: members (alive, stopped, dead), pending, lag, oldest pending age.
+
+        Raises:
+            RedisUnavailable: Redis could not be reached.
+        """
+        return await self._groups(await self._gw.server_time_ms())
+
+    async def _groups(self, now_ms: int) -> list[GroupStatus]:
+        gw = self._gw
+        streams = await gw.group_streams()
+        out = []
+        for stream, row in zip(streams, await gw.group_rows(streams), strict=True):
+            in_group = {name: (pending, idle) for name, pending, idle in row.consumers}
+            members = []
+            for name in sorted(set(row.members) | set(in_group)):
+                score = row.members.get(name)
+                state = (
+                    "unknown"
+                    if score is None
+                    else "stopped"
+                    if score < 0
+                    else "alive"
+                    if score > now_ms
+                    else "dead"
+                )
+                pending, idle = in_group.get(name, (0, None))
+                members.append(
+                    GroupMemberStatus(
+                        member=name,
+                        consumer=name.rsplit("~", 1)[0] if score is not None else name,
+                        state=state,
+                        pending=pending,
+                        idle_s=None if idle is None else idle / 1000,
+                    )
+                )
+            oldest = 0.0
+            if row.oldest_pending_id:
+                first_ms = int(row.oldest_pending_id.split("-")[0])
+                oldest = max(0.0, (now_ms - first_ms) / 1000)
+            out.append(GroupStatus(stream, row.exists, row.pending, row.lag, oldest, members))
+        return out
 
     async def _dlq_summary(self) -> DeadLetterSummary:
         gw = self._gw

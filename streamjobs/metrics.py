@@ -118,6 +118,10 @@ class MetricsRecorder(Protocol):
     def service_sampled(self, service: str, sample: ServiceSample) -> None:
         """The service's queue was sampled (every ``ConsumerConfig.sample_interval_s``)."""
 
+    def entries_reclaimed(self, service: str, count: int) -> None:
+        """A ``GroupConsumer`` claimed ``count`` entries pending under members that died
+        or stopped (or under names without a session, after ``min_idle_s``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceSample:
@@ -181,6 +185,9 @@ class NullRecorder:
         pass
 
     def service_sampled(self, service: str, sample: ServiceSample) -> None:
+        pass
+
+    def entries_reclaimed(self, service: str, count: int) -> None:
         pass
 
 

@@ -68,6 +68,10 @@ class PrometheusRecorder:
             "dead_letters_trimmed", "Old dead letters trimmed off by MAXLEN", ["service"],
             namespace=ns, registry=reg,
         )  # fmt: skip
+        self._reclaimed = Counter(
+            "group_entries_reclaimed", "Entries a GroupConsumer claimed from dead members",
+            ["service"], namespace=ns, registry=reg,
+        )  # fmt: skip
         self._recoveries = Counter(
             "recoveries", "Recovery attempts of pending assignments", ["service", "outcome"],
             namespace=ns, registry=reg,
@@ -161,6 +165,9 @@ class PrometheusRecorder:
 
     def dlq_trimmed(self, service: str, count: int) -> None:
         self._dead_letters_trimmed.labels(service).inc(count)
+
+    def entries_reclaimed(self, service: str, count: int) -> None:
+        self._reclaimed.labels(service).inc(count)
 
     def scan_pass(self, service: str, seconds: float, inspected: int) -> None:
         self._scan_passes.labels(service).observe(seconds)

@@ -98,6 +98,20 @@ def test_many_streams_runs_both_contenders_and_checks_their_counts(
     assert re.search(r"^median ratio streamjobs/bare: \d+\.\d{3}$", out, re.MULTILINE), out
 
 
+def test_shared_group_runs_both_parts_and_checks_their_counts(
+    require_redis_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import shared_group
+
+    argv = ["--entries", "2000", "--rounds", "2", "--processes", "1,2", "--process-entries", "500"]
+    assert shared_group.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^\| 2 \| [\d,]+ \| [\d,]+ \| \d+\.\d{3} \| \d+\.\d{4} \|$", out, re.M), out
+    assert re.search(r"^\| median \| [\d,]+ \| [\d,]+ \| \d+\.\d{3} \(goal", out, re.M), out
+    for processes in (1, 2):
+        assert re.search(rf"^\| {processes} \| [\d,]+ \| \d+\.\d\d \|$", out, re.M), out
+
+
 def test_idle_cost_runs_and_reports_its_table(
     require_redis_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

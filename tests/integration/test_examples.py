@@ -170,6 +170,16 @@ def test_retry_deadletter_example_dead_letters_two(redis_url: str) -> None:
     assert keys_left(redis_url, service_of(r)) == []
 
 
+def test_shared_group_example_sends_each_email_once(redis_url: str) -> None:
+    r = run_example("shared_group/mailer.py", redis_url)
+    assert last_line(r) == "done: 41 sent once each by 3 consumers, 1 replayed, 0 pending"
+    lines = [line.strip() for line in r.stdout.splitlines()]
+    states = {line.split()[1] for line in lines if line.startswith("m") and "pending" in line}
+    assert states == {"alive", "stopped"}
+    assert any(line.startswith("dead letter: ") for line in lines)
+    assert keys_left(redis_url, service_of(r)) == []
+
+
 @pytest.mark.redis
 def test_dlq_example_replays_after_the_fix(redis_url: str) -> None:
     r = run_example("dlq/inspect_and_replay.py", redis_url)

@@ -6,6 +6,7 @@ the fence on acknowledgements; entries of other clients and trimmed entries
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -21,10 +22,12 @@ from streamjobs import (
     DeadLetter,
     DeadLetters,
     GroupConsumer,
+    Inspector,
     Message,
     RecoveryConfig,
     Retry,
 )
+from streamjobs._cli_ops import print_overview
 from streamjobs._keys import Keys
 from streamjobs.group import group_runtime_of
 from tests.harness.plugin import cluster_mode_for
@@ -212,10 +215,10 @@ async def test_graceful_stop_hands_unhandled_entries_on_at_once(
     slow_config = ConsumerConfig(
         lock_ttl_s=10.0, read_block_ms=100, read_batch_size=10, shutdown_grace_s=0.5
     )
+    for i in range(10):  # all there before the first read, which takes the 10
+        await redis.xadd(stream, {"n": str(i), "slow_s": "0.2"})
     first = make(redis, service, [stream], "c0", config=slow_config)
     async with running(first):
-        for i in range(10):
-            await redis.xadd(stream, {"n": str(i), "slow_s": "0.2"})
         await eventually(lambda: _async(len(first.seen) >= 1))
     left = await pending(redis, stream, service)
     assert left > 0, "the first consumer handled everything before it stopped"
@@ -300,3 +303,26 @@ async def test_cluster_mode_must_match_the_client(redis: Any, service: str) -> N
     wrong = ClusterMode.NONE if cluster_mode_for(redis) is ClusterMode.OSS else ClusterMode.OSS
     with pytest.raises(ConfigurationError, match="cluster_mode"):
         Recording(redis, service=service, streams=["a"], cluster_mode=wrong)
+
+
+async def test_status_shows_each_group_and_its_members(redis: Any, service: str, uid: str) -> None:
+    stream = f"g:{uid}"
+    await redis.xgroup_create(stream, service, id="0", mkstream=True)
+    await redis.xadd(stream, {"n": "0"})
+    await redis.xreadgroup(service, "outsider", {stream: ">"}, count=1)  # no session
+    stays, leaves = make(redis, service, [stream], "c0"), make(redis, service, [stream], "c1")
+    async with running(stays):
+        async with running(leaves):
+            await redis.xadd(stream, {"n": "1"})
+            await eventually(lambda: _async(len(stays.seen) + len(leaves.seen) == 1))
+        view = await Inspector(redis, service=service).overview()
+        text = io.StringIO()
+        print_overview(view, text)
+    (group,) = view.groups
+    assert (group.stream, group.exists, group.pending) == (stream, True, 1)
+    assert group.oldest_pending_age_s >= 0
+    states = {m.consumer: m.state for m in group.members}
+    assert states == {"c0": "alive", "c1": "stopped", "outsider": "unknown"}
+    assert view.to_json()["groups"][0]["members"][0]["state"] in ("alive", "stopped", "unknown")
+    assert "shared groups (1 streams)" in text.getvalue()
+    assert "outsider" in text.getvalue()

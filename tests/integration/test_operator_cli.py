@@ -116,7 +116,8 @@ async def test_status_dlq_and_prune_on_a_live_scenario(
         done = await cli(url, "status", "--service", service, "--json", *flags)
         assert done.returncode == 0, done.stderr
         view = json.loads(done.stdout)
-        assert list(view) == ["service", "consumers", "streams", "pending", "dlq"]
+        assert list(view) == ["service", "consumers", "streams", "pending", "dlq", "groups"]
+        assert view["groups"] == []
         assert view["service"]["name"] == service
         assert view["service"]["queued"] == 1
         assert view["service"]["oldest_pending_age_s"] >= 0
