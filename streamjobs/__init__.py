@@ -11,6 +11,7 @@ from ._deadletter import DeadLetterRecord as DeadLetterRecord
 from ._stats import ConsumerStatistics as ConsumerStatistics
 from .config import ClusterMode as ClusterMode
 from .config import ConsumerConfig as ConsumerConfig
+from .config import GroupRetention as GroupRetention
 from .config import Liveness as Liveness
 from .config import RecoveryConfig as RecoveryConfig
 from .consumer import StreamConsumer as StreamConsumer
@@ -61,6 +62,7 @@ __all__ = (
     "DeadLetters",
     "EntryOutcome",
     "GroupConsumer",
+    "GroupRetention",
     "HandlerDirective",
     "HandlerTimeout",
     "HookFailed",

@@ -41,7 +41,7 @@ from ._pipeline import GiveUp, Hooks, _call_within, after_failure, entry_caller
 from ._redis import Gateway, translate
 from ._redis._boundary import _stream_entries, raw_sized_entries, sized_entries, text
 from ._waiter import Waiter
-from .config import ConsumerConfig, RecoveryConfig
+from .config import ConsumerConfig, GroupRetention, RecoveryConfig
 from .exceptions import HookFailed, RedisUnavailable, StreamJobsError
 from .message import Message
 from .metrics import EntryOutcome, MetricsRecorder, StreamEvent
@@ -567,6 +567,7 @@ class GroupRuntime:
         recovery: RecoveryConfig,
         metrics: MetricsRecorder,
         cluster: bool,
+        retention: GroupRetention,
     ) -> None:
         self.hooks = hooks
         self.gateway = gateway
@@ -580,6 +581,7 @@ class GroupRuntime:
         self.recovery = recovery
         self.metrics = metrics
         self.cluster = cluster
+        self.retention = retention
         self.raw = gateway.raw_fields
         self.ttl_s = config.lock_ttl_s
         self.ttl_ms = max(1, int(config.lock_ttl_s * 1000))
@@ -691,6 +693,8 @@ class GroupRuntime:
                         lanes.start_soon(lane.run)
                     loops.start_soon(self._beat_loop)
                     loops.start_soon(self._reclaim_loop)
+                    if self.retention.active:
+                        loops.start_soon(self._trim_loop)
                     with anyio.move_on_after(self.ttl_s):
                         for lane in self.lanes:
                             await lane.joined.wait()
@@ -752,6 +756,39 @@ class GroupRuntime:
                     lane.alive_until = sent + self.ttl_s
                 else:
                     lane.lose("its session expired")
+
+    async def _trim_loop(self) -> None:
+        """Trim each stream below what every group acknowledged, and to the caps
+        (``GroupRetention``; ``group_trim.lua``). Each consumer of the service does it:
+        a pass that finds nothing to trim costs a few reads."""
+        r = self.retention
+        args = [
+            "1" if r.trim_acknowledged else "0",
+            r.max_len or 0,
+            0 if r.max_age_s is None else int(r.max_age_s * 1000),
+            r.batch,
+        ]
+        while True:
+            await anyio.sleep(r.interval_s * random.uniform(0.75, 1.25))
+            for lane in list(self.lanes):
+                try:
+                    reply = await self.gateway.scripts.group_trim(keys=[lane.stream], args=args)
+                except Exception as exc:
+                    self.metrics.loop_error(self.service, "group_trim")
+                    log_failure(log, f"group stream {lane.stream!r}: trimming", exc, 0)
+                    continue
+                acknowledged, dropped = int(reply[0]), int(reply[1])
+                if acknowledged or dropped:
+                    self.metrics.stream_trimmed(self.service, acknowledged, dropped)
+                if dropped:
+                    log.warning(
+                        "group %r stream %r: a retention cap trimmed %d entries at or above "
+                        "the oldest one some group has not acknowledged",
+                        self.service,
+                        lane.stream,
+                        dropped,
+                        extra=lane.extra,
+                    )
 
     async def _reclaim_loop(self) -> None:
         min_idle_ms = int(self.recovery.min_idle_s * 1000)

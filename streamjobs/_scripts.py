@@ -55,6 +55,7 @@ NAMES = (
     "group_reclaim",
     "group_leave",
     "group_replay",
+    "group_trim",
 )
 
 
@@ -137,3 +138,4 @@ class Scripts:
         self.group_reclaim = Script(self, client, "group_reclaim")
         self.group_leave = Script(self, client, "group_leave")
         self.group_replay = Script(self, client, "group_replay")
+        self.group_trim = Script(self, client, "group_trim")

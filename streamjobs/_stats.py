@@ -125,6 +125,9 @@ class Tally:
     def entries_reclaimed(self, service: str, count: int) -> None:
         self.inner.entries_reclaimed(service, count)
 
+    def stream_trimmed(self, service: str, acknowledged: int, dropped: int) -> None:
+        self.inner.stream_trimmed(service, acknowledged, dropped)
+
     def scan_pass(self, service: str, seconds: float, inspected: int) -> None:
         self.scan_passes += 1
         self.last_scan_at = time.time()

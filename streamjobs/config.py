@@ -313,3 +313,49 @@ class RecoveryConfig:
                 f"must exceed ConsumerConfig.lock_ttl_s ({consumer.lock_ttl_s}), "
                 f"got {self.min_idle_s}",
             )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupRetention:
+    """How a :class:`~streamjobs.GroupConsumer` trims the streams it reads
+    (docs/shared-groups.md#retention).
+
+    Every ``interval_s`` each consumer trims each of its streams below its *floor*:
+    the oldest entry any consumer group of the stream (its own or another service's)
+    has not acknowledged. Trimming is approximate (``XTRIM MINID ~``): whole nodes of
+    about 100 entries, never an entry at or above the floor. A reader of the stream
+    outside any group (``XREAD``) is not waited for.
+
+    Attributes:
+        trim_acknowledged: trim below the floor (the default); False keeps every
+            entry unless a cap says otherwise.
+        max_len: cap on the stream's length (approximately), None for none. Entries
+            the cap removes at or above the floor are counted
+            (``streamjobs_group_entries_dropped_total``, a warning): some may not have
+            been acknowledged by every group.
+        max_age_s: cap on the entries' age (from their ids), None for none; counted
+            like ``max_len``.
+        interval_s: how often the trim runs (jittered by a quarter).
+        batch: the most entries one pass removes per stream and rule.
+    """
+
+    trim_acknowledged: bool = True
+    max_len: int | None = None
+    max_age_s: float | None = None
+    interval_s: float = 10.0
+    batch: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trim_acknowledged, bool):
+            raise ConfigurationError("trim_acknowledged", "must be a bool")
+        if self.max_len is not None:
+            _int_at_least("max_len", self.max_len, 1)
+        if self.max_age_s is not None:
+            _positive("max_age_s", self.max_age_s)
+        _positive("interval_s", self.interval_s)
+        _int_at_least("batch", self.batch, 1)
+
+    @property
+    def active(self) -> bool:
+        """Whether there is anything to trim at all."""
+        return self.trim_acknowledged or self.max_len is not None or self.max_age_s is not None

@@ -28,7 +28,13 @@ from ._keys import Keys
 from ._pipeline import handler_kind_problem
 from ._redis import Gateway
 from ._waiter import shard_count
-from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
+from .config import (
+    ClusterMode,
+    ConsumerConfig,
+    GroupRetention,
+    RecoveryConfig,
+    default_min_idle_s,
+)
 from .consumer import _check_block, _check_client, _check_cluster_mode, _default_consumer_name
 from .exceptions import ConfigurationError
 from .message import F, Message
@@ -96,6 +102,8 @@ class GroupConsumer(abc.ABC, Generic[F]):
         metrics: where events are reported; defaults to :class:`NullRecorder`.
         consumer_name: this consumer's name; default ``host-pid-random``. Its members
             in the group are this name and an incarnation.
+        retention: how the streams are trimmed; by default :class:`GroupRetention`
+            (below what every consumer group acknowledged, no cap).
 
     Raises:
         ConfigurationError: a setting is invalid (names the field).
@@ -119,8 +127,12 @@ class GroupConsumer(abc.ABC, Generic[F]):
         cluster_mode: ClusterMode = ClusterMode.NONE,
         metrics: MetricsRecorder | None = None,
         consumer_name: str | None = None,
+        retention: GroupRetention | None = None,
     ) -> None:
         config = config or ConsumerConfig()
+        retention = GroupRetention() if retention is None else retention
+        if not isinstance(retention, GroupRetention):
+            raise ConfigurationError("retention", "must be a GroupRetention")
         recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
         recovery.check_against(config)
         _check_client(redis)
@@ -164,6 +176,7 @@ class GroupConsumer(abc.ABC, Generic[F]):
             recovery=recovery,
             metrics=NullRecorder() if metrics is None else complete(metrics),
             cluster=cluster_mode is not ClusterMode.NONE,
+            retention=retention,
         )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -122,6 +122,11 @@ class MetricsRecorder(Protocol):
         """A ``GroupConsumer`` claimed ``count`` entries pending under members that died
         or stopped (or under names without a session, after ``min_idle_s``)."""
 
+    def stream_trimmed(self, service: str, acknowledged: int, dropped: int) -> None:
+        """A ``GroupConsumer`` trimmed a stream: ``acknowledged`` entries every group had
+        acknowledged, ``dropped`` entries a cap removed at or above the oldest
+        unacknowledged one (``GroupRetention``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceSample:
@@ -188,6 +193,9 @@ class NullRecorder:
         pass
 
     def entries_reclaimed(self, service: str, count: int) -> None:
+        pass
+
+    def stream_trimmed(self, service: str, acknowledged: int, dropped: int) -> None:
         pass
 
 

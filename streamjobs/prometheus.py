@@ -72,6 +72,14 @@ class PrometheusRecorder:
             "group_entries_reclaimed", "Entries a GroupConsumer claimed from dead members",
             ["service"], namespace=ns, registry=reg,
         )  # fmt: skip
+        self._trimmed = Counter(
+            "group_entries_trimmed", "Acknowledged entries a GroupConsumer trimmed",
+            ["service"], namespace=ns, registry=reg,
+        )  # fmt: skip
+        self._dropped = Counter(
+            "group_entries_dropped", "Entries a GroupRetention cap trimmed unacknowledged",
+            ["service"], namespace=ns, registry=reg,
+        )  # fmt: skip
         self._recoveries = Counter(
             "recoveries", "Recovery attempts of pending assignments", ["service", "outcome"],
             namespace=ns, registry=reg,
@@ -168,6 +176,12 @@ class PrometheusRecorder:
 
     def entries_reclaimed(self, service: str, count: int) -> None:
         self._reclaimed.labels(service).inc(count)
+
+    def stream_trimmed(self, service: str, acknowledged: int, dropped: int) -> None:
+        if acknowledged:
+            self._trimmed.labels(service).inc(acknowledged)
+        if dropped:
+            self._dropped.labels(service).inc(dropped)
 
     def scan_pass(self, service: str, seconds: float, inspected: int) -> None:
         self._scan_passes.labels(service).observe(seconds)

@@ -22,6 +22,8 @@ from streamjobs import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetters,
+    GroupConsumer,
+    GroupRetention,
     Inspector,
     Liveness,
     Message,
@@ -190,17 +192,59 @@ async def test_the_documented_users_run_everything_and_are_refused_nothing(
     assert await admin.xlen(keys.assignments) == 0
     for s in [*streams, crashed, held]:
         assert await admin.exists(keys.lock(s)) == 0
+    await share(consumer_client, service)
     operator = await as_user("streamjobs-operator", documented_acl("streamjobs-operator"))
     await operate(operator, service)
     assert await denials(admin) == []
 
 
+class Sharing(GroupConsumer):
+    """Dead-letters ``n=bad``; ``n=crash`` entries are taken from a dead member."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handled: list[str] = []
+
+    async def handle(self, message: Message) -> None:
+        if message.fields["n"] == "bad":
+            raise DeadLetter("bad entry")
+        self.handled.append(message.fields["n"])
+
+
+async def share(client: Any, service: str) -> None:
+    """A GroupConsumer under the consumer's ACL: reads, acks, takes the entries of a
+    dead member (one whose session is over), restarts one, dead-letters one, trims."""
+    stream = f"data:{service}:shared"
+    keys = Keys(service)
+    await client.xgroup_create(stream, service, id="0", mkstream=True)
+    for n in ("0", "1"):
+        await client.xadd(stream, {"n": n})
+    await client.xreadgroup(service, "ghost~0", {stream: ">"}, count=1)
+    await client.zadd(keys.members(stream), {"ghost~0": 1})  # a dead member
+    await client.xadd(stream, {"n": "bad"})
+    consumer = Sharing(
+        client,
+        service=service,
+        streams=[stream],
+        config=FAST,
+        retention=GroupRetention(interval_s=0.1),
+    )
+    async with consumer:
+
+        async def done() -> bool:
+            return sorted(consumer.handled) == ["0", "1"]
+
+        await eventually(done, timeout_s=30)
+    assert (await client.xpending(stream, service))["pending"] == 0
+
+
 async def operate(client: Any, service: str) -> None:
     """What an operator does: status, the DLQ, a replay, a purge, a prune."""
     overview = await Inspector(client, service=service).overview()
-    assert overview.dlq.length == 3
+    assert overview.dlq.length == 4
+    assert [g.stream for g in overview.groups] == [f"data:{service}:shared"]
     letters = DeadLetters(client, service=service)
-    first, second, _ = await letters.list()
+    first, second, *_ = await letters.list()
     report = await letters.replay([first.id])
     assert len(report.replayed) == 1, report
     assert await letters.purge([second.id]) == [second.id]

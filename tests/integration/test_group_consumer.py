@@ -22,8 +22,10 @@ from streamjobs import (
     DeadLetter,
     DeadLetters,
     GroupConsumer,
+    GroupRetention,
     Inspector,
     Message,
+    NullRecorder,
     RecoveryConfig,
     Retry,
 )
@@ -326,3 +328,68 @@ async def test_status_shows_each_group_and_its_members(redis: Any, service: str,
     assert view.to_json()["groups"][0]["members"][0]["state"] in ("alive", "stopped", "unknown")
     assert "shared groups (1 streams)" in text.getvalue()
     assert "outsider" in text.getvalue()
+
+
+class Trims(NullRecorder):
+    def __init__(self) -> None:
+        self.acknowledged = 0
+        self.dropped = 0
+
+    def stream_trimmed(self, service: str, acknowledged: int, dropped: int) -> None:
+        self.acknowledged += acknowledged
+        self.dropped += dropped
+
+
+async def _lagging_group(redis: Any, stream: str, group: str) -> list[str]:
+    """600 entries; ``group`` (another service's) has read 300 and acknowledged 250."""
+    await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    async with redis.pipeline(transaction=False) as pipe:
+        for i in range(600):
+            pipe.xadd(stream, {"n": str(i)})
+        ids = [i.decode() for i in await pipe.execute()]
+    await redis.xreadgroup(group, "x", {stream: ">"}, count=300)
+    await redis.xack(stream, group, *ids[:250])
+    return ids
+
+
+async def _length_below(redis: Any, stream: str, n: int) -> bool:
+    return int(await redis.xlen(stream)) < n
+
+
+async def test_retention_trims_only_what_every_group_acknowledged(
+    redis: Any, service: str, uid: str
+) -> None:
+    stream = f"g:{uid}"
+    ids = await _lagging_group(redis, stream, f"{service}-other")
+    trims = Trims()
+    retention = GroupRetention(interval_s=0.1)
+    consumer = make(redis, service, [stream], "c0", retention=retention, metrics=trims)
+    async with running(consumer):
+        await eventually(lambda: _async(len(consumer.seen) == 600))
+        await eventually(lambda: _length_below(redis, stream, 600))
+        await anyio.sleep(0.5)  # more passes: none may go further
+    left = [i.decode() for i, _ in await redis.xrange(stream)]
+    assert set(ids[250:]) <= set(left), "an entry the other group has not acknowledged went"
+    assert trims.acknowledged == 600 - len(left)
+    assert trims.dropped == 0
+
+
+async def test_a_retention_cap_counts_what_it_drops(redis: Any, service: str, uid: str) -> None:
+    stream = f"g:{uid}"
+    await _lagging_group(redis, stream, f"{service}-other")
+    trims = Trims()
+    retention = GroupRetention(trim_acknowledged=False, max_len=100, interval_s=0.1)
+    consumer = make(redis, service, [stream], "c0", retention=retention, metrics=trims)
+    async with running(consumer):
+        await eventually(lambda: _length_below(redis, stream, 300))
+    left = int(await redis.xlen(stream))
+    assert left >= 100
+    assert trims.acknowledged == 0
+    assert trims.dropped == 600 - left
+
+
+async def test_bad_retention_names_its_field() -> None:
+    with pytest.raises(ConfigurationError, match="max_len"):
+        GroupRetention(max_len=0)
+    with pytest.raises(ConfigurationError, match="interval_s"):
+        GroupRetention(interval_s=-1)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 import streamjobs
-from streamjobs import ConsumerConfig, RecoveryConfig
+from streamjobs import ConsumerConfig, GroupRetention, RecoveryConfig
 from streamjobs.cli import _worker_args, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +157,9 @@ def configuration() -> str:
     return (DOCS / "configuration.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("cls", [ConsumerConfig, RecoveryConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [ConsumerConfig, RecoveryConfig, GroupRetention], ids=lambda c: c.__name__
+)
 def test_configuration_reference_has_exactly_the_fields_with_their_defaults(cls: type) -> None:
     rows = section_rows(configuration(), cls.__name__)
     documented: dict[str, list[str]] = {}
