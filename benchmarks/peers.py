@@ -4,14 +4,17 @@ The workload is the one of :mod:`benchmarks.hot_stream`: one Redis stream of N e
 with a ~100-byte payload, produced in advance (not timed), drained by one consumer in
 this process with a no-op ``async`` handler. Every round uses fresh keys (the run id, a
 uuid, is in every key name) and runs the contenders one after the other in this order:
-``bare``, ``streamjobs``, ``faststream``, ``faststream-batch``, ``taskiq``, ``streaq``;
+``bare``, ``streamjobs``, ``streamjobs-group``, ``faststream``, ``faststream-batch``,
+``taskiq``, ``streaq``;
 then the next round. Each contender must handle exactly N entries (its handler counts
 them, and nothing may be left pending), or the run fails with :class:`BenchmarkError`.
 The result per contender is the median of the rounds.
 
 The two references are :func:`benchmarks.hot_stream.run_bare` (``XREADGROUP COUNT
 batch``, a no-op handler per entry, one ``XACK`` per batch pipelined with the next read)
-and :func:`benchmarks.hot_stream.run_streamjobs`, unchanged. The peers, each set up with
+and :func:`benchmarks.hot_stream.run_streamjobs`, unchanged; ``streamjobs-group`` is
+:func:`benchmarks.shared_group.run_group`: a ``GroupConsumer`` reading the stream in a
+shared group, the same kind of consumer as the peers' group subscribers. The peers, each set up with
 its documented public API, as close to "one stream read in batches of ``batch``, one
 no-op handler call per entry" as the library allows:
 
@@ -123,7 +126,8 @@ FASTSTREAM_BATCH = "faststream-batch"
 TASKIQ = "taskiq"
 STREAQ = "streaq"
 PEERS = (FASTSTREAM, FASTSTREAM_BATCH, TASKIQ, STREAQ)
-REFERENCES = (BARE, STREAMJOBS)
+STREAMJOBS_GROUP = "streamjobs-group"
+REFERENCES = (BARE, STREAMJOBS, STREAMJOBS_GROUP)
 CONTENDERS = REFERENCES + PEERS
 # The module each peer needs; the distributions whose versions are printed.
 PEER_MODULES = {
@@ -583,6 +587,11 @@ async def _run_one(
     if contender == STREAMJOBS:
         service = prefix.replace(":", "-")
         return await run_streamjobs(client, admin, target, stream, service, n, batch)
+    if contender == STREAMJOBS_GROUP:
+        from benchmarks.shared_group import run_group
+
+        service = prefix.replace(":", "-") + "-group"
+        return await run_group(client, admin, target, stream, service, n, batch)
     if contender in (FASTSTREAM, FASTSTREAM_BATCH):
         batch_handler = contender == FASTSTREAM_BATCH
         return await run_faststream(
@@ -676,6 +685,10 @@ def print_summary(summary: PeerSummary) -> None:
         "the per-round ratios."
     )
     print(f"median ratio streamjobs/bare: {summary.median_over_bare(STREAMJOBS):.3f}")
+    print(
+        "median ratio streamjobs-group/bare: "
+        f"{summary.median_over_bare(STREAMJOBS_GROUP):.3f} (GroupConsumer, a shared group)"
+    )
     for c in summary.contenders:
         if c in PEERS:
             print(

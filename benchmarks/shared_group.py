@@ -265,7 +265,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=_positive_int, default=3)
     parser.add_argument("--batch", type=_positive_int, default=100)
     parser.add_argument("--processes", default="1,2,4", help="process counts, e.g. 1,2,4")
-    parser.add_argument("--process-entries", type=_positive_int, default=50_000)
+    parser.add_argument("--process-entries", type=_positive_int, default=200_000)
     parser.add_argument("--redis-url", default=DEFAULT_URL)
     parser.add_argument("--use-url", action="store_true", help="use --redis-url as it is")
     return parser.parse_args(argv)

@@ -10,12 +10,15 @@ import datetime
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from redis import Redis as SyncRedis
+from redis.cluster import RedisCluster as SyncRedisCluster
 
-from streamjobs.testing import RedisServer, WorkerFleet
+from streamjobs.testing import WorkerFleet
+from tests.harness.cluster import ClusterEndpoint
 from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
 
 from ._history import duplicates, history, wait_for
@@ -34,19 +37,41 @@ ARGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def server(redis_server_factory: RedisServerFactory) -> RedisServer:
-    return redis_server_factory()
+@dataclass(frozen=True)
+class Where:
+    """The Redis the fleet runs on: its URL, a client for the test, worker options."""
+
+    url: str
+    args: tuple[str, ...]
+
+
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest, redis_server_factory: RedisServerFactory) -> Where:
+    """A private standalone server, or the session's 3 + 3 cluster (workers with
+    ``--cluster``; every key the test makes holds its uid and is deleted afterwards)."""
+    if request.param == "cluster":
+        cluster: ClusterEndpoint = request.getfixturevalue("redis_cluster")
+        return Where(cluster.url, ("--cluster",))
+    return Where(redis_server_factory().url, ())
 
 
 @pytest.fixture
-def sync(server: RedisServer) -> Iterator[SyncRedis]:
-    r = SyncRedis.from_url(server.url)
-    yield r
-    r.close()
+def sync(where: Where, uid: str) -> Iterator[Any]:
+    if not where.args:
+        r = SyncRedis.from_url(where.url)
+        yield r
+        r.close()
+        return
+    rc = SyncRedisCluster.from_url(where.url)
+    try:
+        yield rc
+    finally:
+        for key in list(rc.scan_iter(match=f"*{uid}*")):
+            rc.delete(key)
+        rc.close()
 
 
-def produce(r: SyncRedis, stream: str, n: int, fields: dict[str, str]) -> list[str]:
+def produce(r: Any, stream: str, n: int, fields: dict[str, str]) -> list[str]:
     pipe = r.pipeline(transaction=False)
     for i in range(n):
         entry: dict[Any, Any] = {"n": str(i), **fields}
@@ -54,7 +79,7 @@ def produce(r: SyncRedis, stream: str, n: int, fields: dict[str, str]) -> list[s
     return [x.decode() for x in pipe.execute()]
 
 
-def pending_by(r: SyncRedis, stream: str, group: str) -> dict[str, int]:
+def pending_by(r: Any, stream: str, group: str) -> dict[str, int]:
     """Pending entries per member name (``consumer~incarnation``)."""
     summary = r.xpending(stream, group)
     return {
@@ -66,11 +91,11 @@ def held_by(pending: dict[str, int], consumer: str) -> int:
     return sum(n for name, n in pending.items() if name.split("~")[0] == consumer)
 
 
-def handled_ids(r: SyncRedis, service: str) -> set[str]:
+def handled_ids(r: Any, service: str) -> set[str]:
     return {x.id for x in history(r, service)}
 
 
-def begun(r: SyncRedis, service: str) -> list[tuple[str, str]]:
+def begun(r: Any, service: str) -> list[tuple[str, str]]:
     out = []
     for raw in r.lrange(begun_key(service), 0, -1):
         consumer, entry_id = raw.decode().split("|")
@@ -79,9 +104,9 @@ def begun(r: SyncRedis, service: str) -> list[tuple[str, str]]:
 
 
 def start_fleet(
-    factory: WorkerFleetFactory, url: str, stream: str, sync: SyncRedis, service: str, *extra: str
+    factory: WorkerFleetFactory, where: Where, stream: str, sync: Any, service: str, *extra: str
 ) -> WorkerFleet:
-    fleet = factory(url, TARGET, [*ARGS, "--stream", stream, *extra])
+    fleet = factory(where.url, TARGET, [*ARGS, *where.args, "--stream", stream, *extra])
     names = ["c0", "c1", "c2"]
     for name in names:
         fleet.start(name)
@@ -93,9 +118,9 @@ def start_fleet(
     return fleet
 
 
-def _members(r: SyncRedis, service: str, stream: str) -> dict[str, float]:
+def _members(r: Any, service: str, stream: str) -> dict[str, float]:
     key = f"streamjobs:members:{service}:{{{stream}}}"
-    found: list[tuple[bytes, float]] = r.zrange(key, 0, -1, withscores=True)  # type: ignore[assignment]
+    found: list[tuple[bytes, float]] = r.zrange(key, 0, -1, withscores=True)
     return {m.decode(): score for m, score in found}
 
 
@@ -109,19 +134,19 @@ def _dead_logged_ms(log: str) -> int | None:
     return None
 
 
-def assert_settled(r: SyncRedis, service: str, stream: str) -> None:
+def assert_settled(r: Any, service: str, stream: str) -> None:
     wait_for(lambda: not pending_by(r, stream, service), 10, "nothing left pending")
 
 
 def test_kill_9_mid_handler(
-    server: RedisServer,
-    sync: SyncRedis,
+    where: Where,
+    sync: Any,
     service: str,
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     stream = f"g:{uid}"
-    fleet = start_fleet(worker_fleet_factory, server.url, stream, sync, service)
+    fleet = start_fleet(worker_fleet_factory, where, stream, sync, service)
     ids = produce(sync, stream, 400, {"work_ms": "30"})
     wait_for(
         lambda: {x.consumer for x in history(sync, service)} >= {"c0", "c1", "c2"},
@@ -155,14 +180,14 @@ def test_kill_9_mid_handler(
 
 
 def test_sigstop_past_ttl_then_sigcont(
-    server: RedisServer,
-    sync: SyncRedis,
+    where: Where,
+    sync: Any,
     service: str,
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     stream = f"g:{uid}"
-    fleet = start_fleet(worker_fleet_factory, server.url, stream, sync, service)
+    fleet = start_fleet(worker_fleet_factory, where, stream, sync, service)
     ids = produce(sync, stream, 300, {"work_ms": "40"})
     wait_for(
         lambda: (
@@ -197,14 +222,14 @@ def test_sigstop_past_ttl_then_sigcont(
 
 
 def test_slow_live_consumer_keeps_its_entry(
-    server: RedisServer,
-    sync: SyncRedis,
+    where: Where,
+    sync: Any,
     service: str,
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     stream = f"g:{uid}"
-    fleet = start_fleet(worker_fleet_factory, server.url, stream, sync, service)
+    fleet = start_fleet(worker_fleet_factory, where, stream, sync, service)
     slow = produce(sync, stream, 1, {"work_ms": str(int(3 * TTL_S * 1000))})[0]
     rest = produce(sync, stream, 100, {"work_ms": "10"})
     wait_for(lambda: handled_ids(sync, service) >= {slow, *rest}, 30, "every entry to be handled")
@@ -216,8 +241,8 @@ def test_slow_live_consumer_keeps_its_entry(
 
 
 def test_poison_and_crash_loop_entries_are_dead_lettered_once(
-    server: RedisServer,
-    sync: SyncRedis,
+    where: Where,
+    sync: Any,
     service: str,
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
@@ -225,7 +250,7 @@ def test_poison_and_crash_loop_entries_are_dead_lettered_once(
     stream = f"g:{uid}"
     fleet = start_fleet(
         worker_fleet_factory,
-        server.url,
+        where,
         stream,
         sync,
         service,

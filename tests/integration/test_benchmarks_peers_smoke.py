@@ -39,9 +39,13 @@ def test_peer_runs_and_handles_exactly_n(
     verified = re.findall(r"^  verified: (.*)$", out, re.MULTILINE)
     assert (
         verified
-        == [f"bare handled {N}/{N}, streamjobs handled {N}/{N}, {peer} handled {N}/{N}"] * ROUNDS
+        == [
+            f"bare handled {N}/{N}, streamjobs handled {N}/{N}, "
+            f"streamjobs-group handled {N}/{N}, {peer} handled {N}/{N}"
+        ]
+        * ROUNDS
     ), out
-    for contender in ("bare", "streamjobs", peer):
+    for contender in ("bare", "streamjobs", "streamjobs-group", peer):
         assert re.search(rf"^\| {re.escape(contender)} {ROW}", out, re.MULTILINE), out
     assert re.search(
         rf"^median ratio streamjobs/{re.escape(peer)}: \d+\.\d{{3}}; "
@@ -50,7 +54,7 @@ def test_peer_runs_and_handles_exactly_n(
         re.MULTILINE,
     ), out
     data = json.loads(out_json.read_text())
-    assert data["contenders"] == ["bare", "streamjobs", peer]
+    assert data["contenders"] == ["bare", "streamjobs", "streamjobs-group", peer]
     assert [r["results"][peer]["entries"] for r in data["rounds"]] == [N] * ROUNDS
     assert data["median"][peer]["entries_per_s"] > 0
     assert data["skipped"] == {}
@@ -63,7 +67,8 @@ def test_a_missing_peer_is_skipped_with_a_note(
     assert peers.main(["--entries", str(N), "--rounds", "1", "--contenders", "streaq"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^note: skipping streaq: package 'streaq' is not installed", out, re.M), out
-    assert f"verified: bare handled {N}/{N}, streamjobs handled {N}/{N}\n" in out, out
+    verified = f"bare handled {N}/{N}, streamjobs handled {N}/{N}, streamjobs-group handled {N}/{N}"
+    assert f"verified: {verified}\n" in out, out
     assert "| streaq |" not in out, out
 
 
