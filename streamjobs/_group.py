@@ -40,6 +40,7 @@ from ._guard import log_failure
 from ._pipeline import GiveUp, Hooks, _call_within, after_failure, entry_caller
 from ._redis import Gateway, translate
 from ._redis._boundary import _stream_entries, raw_sized_entries, sized_entries, text
+from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
 from .config import ConsumerConfig, GroupRetention, RecoveryConfig
 from .exceptions import HookFailed, RedisUnavailable, StreamJobsError
@@ -115,6 +116,11 @@ class Lane:
         self.extra = {"stream": stream, "service": runtime.service}
 
     # -- state changes, from any task of the consumer --------------------------------
+
+    @property
+    def handling(self) -> bool:
+        """In the middle of a batch of ``handle()`` calls."""
+        return self._handle_scope is not None
 
     def usable(self) -> bool:
         """The member may hand entries to ``handle()``: alive as far as we know."""
@@ -579,7 +585,8 @@ class GroupRuntime:
         self.start_id = start_id
         self.config = config
         self.recovery = recovery
-        self.metrics = metrics
+        self.tally = Tally(metrics)
+        self.metrics: MetricsRecorder = self.tally
         self.cluster = cluster
         self.retention = retention
         self.raw = gateway.raw_fields
@@ -635,6 +642,35 @@ class GroupRuntime:
         if missing:
             return False, f"no live member on {len(missing)} stream(s), e.g. {missing[0]!r}"
         return True, f"reading {len(self.lanes)} stream(s)"
+
+    def statistics(self) -> ConsumerStatistics:
+        t = self.tally
+        last_ok = self.gateway.last_ok
+        return ConsumerStatistics(
+            service=self.service,
+            consumer=self.name,
+            running=self.running and self._ready.is_set(),
+            healthy=self.health()[0],
+            ready=self.readiness()[0],
+            owned_streams=sum(1 for lane in self.lanes if not lane.dead),
+            in_flight_handlers=sum(1 for lane in self.lanes if lane.handling),
+            last_redis_ok_at=None
+            if last_ok is None
+            else time.time() - (time.monotonic() - last_ok),
+            last_scan_at=t.last_scan_at,
+            entries=dict(t.entries),
+            stream_events=dict(t.stream_events),
+            recoveries=dict(t.recoveries),
+            dead_letters=dict(t.dead_letters),
+            handler_failures=t.handler_failures,
+            heartbeats_failed=t.heartbeats_failed,
+            loop_errors=dict(t.loop_errors),
+            notifications=dict(t.notifications),
+            scan_passes=t.scan_passes,
+            entries_reclaimed=t.reclaimed,
+            entries_trimmed=t.trimmed,
+            entries_dropped=t.dropped,
+        )
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -811,6 +847,7 @@ class GroupRuntime:
                     self.metrics.loop_error(self.service, "group_reclaim")
                     log_failure(log, f"group stream {lane.stream!r}: reclaim", exc, 0)
                     continue
+                self.tally.reclaim_pass()
                 code = int(r[0])
                 if code == -1:
                     lane.lose("its session expired (seen by the reclaim pass)")

@@ -60,6 +60,13 @@ class ConsumerStatistics:
     notifications: Mapping[str, int]
     """Keyspace notifications by outcome."""
     scan_passes: int
+    """Reconciliation passes (a ``GroupConsumer``: reclaim passes, one per stream)."""
+    entries_reclaimed: int = 0
+    """A ``GroupConsumer``: entries it claimed from dead or stopped members."""
+    entries_trimmed: int = 0
+    """A ``GroupConsumer``: acknowledged entries it trimmed from its streams."""
+    entries_dropped: int = 0
+    """A ``GroupConsumer``: entries a retention cap trimmed unacknowledged."""
 
 
 class Tally:
@@ -77,6 +84,9 @@ class Tally:
         self.heartbeats_failed = 0
         self.scan_passes = 0
         self.last_scan_at: float | None = None
+        self.reclaimed = 0
+        self.trimmed = 0
+        self.dropped = 0
 
     def stream_event(self, service: str, event: StreamEvent) -> None:
         self.stream_events[event.value] += 1
@@ -123,10 +133,19 @@ class Tally:
         self.inner.dlq_trimmed(service, count)
 
     def entries_reclaimed(self, service: str, count: int) -> None:
+        self.reclaimed += count
         self.inner.entries_reclaimed(service, count)
 
     def stream_trimmed(self, service: str, acknowledged: int, dropped: int) -> None:
+        self.trimmed += acknowledged
+        self.dropped += dropped
         self.inner.stream_trimmed(service, acknowledged, dropped)
+
+    def reclaim_pass(self) -> None:
+        """A ``GroupConsumer`` reclaim pass of one stream ended (counted here only: the
+        recorder's ``scan_pass`` is the assignment scan's)."""
+        self.scan_passes += 1
+        self.last_scan_at = time.time()
 
     def scan_pass(self, service: str, seconds: float, inspected: int) -> None:
         self.scan_passes += 1

@@ -27,6 +27,7 @@ from ._group import GroupRuntime
 from ._keys import Keys
 from ._pipeline import handler_kind_problem
 from ._redis import Gateway
+from ._stats import ConsumerStatistics
 from ._waiter import shard_count
 from .config import (
     ClusterMode,
@@ -256,6 +257,13 @@ class GroupConsumer(abc.ABC, Generic[F]):
     def redis(self) -> Any:
         """The Redis client this consumer was built with, for a handler's own commands."""
         return self.__runtime.client
+
+    @final
+    def statistics(self) -> ConsumerStatistics:
+        """A frozen snapshot: streams with a live member (``owned_streams``), batches
+        being handled, the last Redis reply and reclaim pass, health and readiness, and
+        counts of what happened (entries, dead letters, reclaimed and trimmed entries)."""
+        return self.__runtime.statistics()
 
     @final
     async def wait_ready(self) -> None:

@@ -279,6 +279,12 @@ async def test_crash_failover_under_load(
     assert on_victim
 
 
+# The reset must run while the killed primary's slots have no reachable owner: with
+# the default 2 s node timeout its replica is promoted about 3 s after the kill, and on
+# a loaded machine (CI ran three suites side by side) the reset came later than that,
+# found the cluster settled again and did not raise. A 30 s node timeout holds the
+# window open for the whole test.
+@pytest.mark.parametrize("fresh_cluster", [{"node_timeout_ms": 30_000}], indirect=True)
 async def test_reset_on_an_unsettled_cluster_changes_nothing(
     fresh_cluster: LocalCluster, fresh_client: RedisCluster, service: str
 ) -> None:

@@ -165,7 +165,14 @@ async def test_retry_dead_letter_and_replay(redis: Any, service: str, uid: str) 
         assert await dlq.length() == 0
         # A repeat of the same replay appends nothing.
         assert (await dlq.replay([letter.id])).replayed == []
+        stats = consumer.statistics()
+        assert (stats.running, stats.healthy, stats.ready) == (True, True, True)
     assert await redis.xlen(stream) == 3
+    stats = consumer.statistics()
+    assert stats.entries == {"retried": 1, "dead_lettered": 1, "ok": 1}
+    assert stats.dead_letters == {"rejected": 1}
+    assert stats.handler_failures == 2
+    assert not stats.running
 
 
 async def _has_letters(dlq: DeadLetters, n: int) -> bool:
@@ -260,6 +267,10 @@ async def test_a_dead_member_acknowledges_nothing_and_joins_again(
         assert [i for _, _, i, _ in consumer.seen].count(entry) >= 1
         await redis.xadd(stream, {"n": "after"})
         await eventually(lambda: _async(consumer.seen[-1][3]["n"] == "after"))
+    stats = consumer.statistics()
+    assert stats.entries_reclaimed >= 1
+    assert stats.stream_events.get("lost", 0) >= 1
+    assert stats.scan_passes > 0
 
 
 async def _pending_under(redis: Any, stream: str, group: str, member: str) -> bool:
