@@ -169,6 +169,16 @@ def _more(total: int, shown: int, out: TextIO) -> None:
 
 
 def print_overview(view: Overview, out: TextIO) -> None:
+    if view.groups and not (view.consumers or view.streams or view.pending or view.queued):
+        # Only GroupConsumers ran: the assignment tables would all be empty.
+        pending = sum(g.pending for g in view.groups)
+        out.write(
+            f"service {view.service}: shared groups on {_plural(len(view.groups), 'stream')}, "
+            f"{pending} pending; {view.dlq.length} dead letter(s)\n"
+        )
+        _print_groups(view, out)
+        _print_dead_letters(view, out)
+        return
     oldest = ""
     if view.streams or view.pending:  # else nothing is pending: no age to give
         oldest = f"; oldest pending {view.oldest_pending_age_s:.1f}s"
@@ -202,26 +212,38 @@ def print_overview(view: Overview, out: TextIO) -> None:
     table(rows, ("assignment", "stream", "delivered to", "idle", "retries"), out)
     _more(len(view.pending), TABLE_ROWS, out)
     if view.groups:
-        out.write(f"\nshared groups ({len(view.groups)} streams)\n")
-        rows = [
-            (
-                _cut(g.stream, 40), g.count("alive"), g.count("stopped"), g.count("dead"),
-                g.pending, _or_dash(g.lag),
-                f"{g.oldest_pending_age_s:.1f}s" if g.pending else "-",
-            )
-            for g in view.groups[:TABLE_ROWS]
-        ]  # fmt: skip
-        table(rows, ("stream", "alive", "stopped", "dead", "pending", "lag", "oldest"), out)
-        _more(len(view.groups), TABLE_ROWS, out)
-        members = [(g.stream, m) for g in view.groups for m in g.members]
-        out.write(f"\ngroup members ({len(members)})\n")
-        rows = [
-            (_cut(stream, 40), m.member, m.state, m.pending,
-             "-" if m.idle_s is None else f"{m.idle_s:.1f}s")
-            for stream, m in members[:TABLE_ROWS]
-        ]  # fmt: skip
-        table(rows, ("stream", "member", "state", "pending", "idle"), out)
-        _more(len(members), TABLE_ROWS, out)
+        _print_groups(view, out)
+    _print_dead_letters(view, out)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _print_groups(view: Overview, out: TextIO) -> None:
+    out.write(f"\nshared groups ({_plural(len(view.groups), 'stream')})\n")
+    rows: list[tuple[Any, ...]] = [
+        (
+            _cut(g.stream, 40), g.count("alive"), g.count("stopped"), g.count("dead"),
+            g.pending, _or_dash(g.lag),
+            f"{g.oldest_pending_age_s:.1f}s" if g.pending else "-",
+        )
+        for g in view.groups[:TABLE_ROWS]
+    ]  # fmt: skip
+    table(rows, ("stream", "alive", "stopped", "dead", "pending", "lag", "oldest"), out)
+    _more(len(view.groups), TABLE_ROWS, out)
+    members = [(g.stream, m) for g in view.groups for m in g.members]
+    out.write(f"\ngroup members ({len(members)})\n")
+    rows = [
+        (_cut(stream, 40), m.member, m.state, m.pending,
+         "-" if m.idle_s is None else f"{m.idle_s:.1f}s")
+        for stream, m in members[:TABLE_ROWS]
+    ]  # fmt: skip
+    table(rows, ("stream", "member", "state", "pending", "idle"), out)
+    _more(len(members), TABLE_ROWS, out)
+
+
+def _print_dead_letters(view: Overview, out: TextIO) -> None:
     out.write(f"\ndead letters ({view.dlq.length} in {view.dlq.stream})\n")
     table(list(view.dlq.by_reason.items()), ("reason", "count"), out)
     if view.dlq.counted < view.dlq.length:

@@ -337,7 +337,8 @@ async def test_status_shows_each_group_and_its_members(redis: Any, service: str,
     states = {m.consumer: m.state for m in group.members}
     assert states == {"c0": "alive", "c1": "stopped", "outsider": "unknown"}
     assert view.to_json()["groups"][0]["members"][0]["state"] in ("alive", "stopped", "unknown")
-    assert "shared groups (1 streams)" in text.getvalue()
+    assert "shared groups (1 stream)" in text.getvalue()
+    assert "owned streams" not in text.getvalue()  # no StreamConsumer ran
     assert "outsider" in text.getvalue()
 
 
