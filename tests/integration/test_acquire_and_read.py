@@ -92,6 +92,29 @@ async def test_a_cancelled_stream_and_an_ended_job(redis: Any, service: str, uid
     taken, first = await gw.acquire_and_read(ended, "c1:2", 5000, "job-1", "c1", 10)
     assert (taken, first) == (ACQUIRED_ENDED, None)
     assert await redis.get(gw.keys.lock(ended)) == b"c1:2"
+    # After a normal end, what follows the end marker may be a later job's (one queued
+    # without add_stream reads what is there): it stays pending, for that job's owner.
+    assert await _pending_of(redis, ended, gw.keys.group) == {"c1": 1}
+
+
+async def test_an_early_ended_job_leaves_nothing_pending(
+    redis: Any, service: str, uid: str
+) -> None:
+    """The chaos soak's finding (cluster, seed 1429247653): a job ended early (a cancel,
+    finish()) and its owner died before completing it; entries appended after its end
+    belong to it. The acquisition that only completes the job must not leave them
+    pending with itself: no later owner would claim them."""
+    gw = Gateway(redis, Keys(service))
+    stream = f"data:{uid}"
+    await redis.xadd(stream, {"n": "0"})
+    await redis.xgroup_create(stream, gw.keys.group, id="$")  # the owner read this far
+    await redis.xadd(stream, {"n": "tail"})
+    await redis.set(gw.keys.ended(stream), "e job-1")
+
+    taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job-1", "c1", 10)
+
+    assert (taken, first) == (ACQUIRED_ENDED, None)
+    assert await _pending_of(redis, stream, gw.keys.group) == {}
 
 
 async def test_scripts_missing_on_the_server_are_loaded_again(
