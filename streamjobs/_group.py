@@ -26,8 +26,8 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -37,7 +37,8 @@ from . import _tracing
 from ._backoff import Backoff
 from ._deadletter import GROUP_FIELD, DeadLetterReason, entry_dead_letter
 from ._guard import log_failure
-from ._pipeline import GiveUp, Hooks, _call_within, after_failure, entry_caller
+from ._lifespan import Background
+from ._pipeline import GiveUp, _call_within, after_failure, entry_caller
 from ._redis import Gateway, translate
 from ._redis._boundary import _stream_entries, raw_sized_entries, sized_entries, text
 from ._stats import ConsumerStatistics, Tally
@@ -557,12 +558,21 @@ class Lane:
 _NO_INFO: Mapping[str, Any] = {}
 
 
+class GroupHooks(Protocol):
+    """The user's side of a ``GroupConsumer``: ``handle`` (a coroutine function or a
+    plain function: ``_pipeline.entry_caller``) and the two lifecycle hooks."""
+
+    def handle(self, message: Message[Any]) -> Awaitable[None] | None: ...
+    async def on_startup(self) -> None: ...
+    async def on_shutdown(self) -> None: ...
+
+
 class GroupRuntime:
     """Everything a running :class:`~streamjobs.GroupConsumer` holds."""
 
     def __init__(
         self,
-        hooks: Hooks,
+        hooks: GroupHooks,
         gateway: Gateway,
         *,
         client: Any,
@@ -610,7 +620,7 @@ class GroupRuntime:
         self._stop = anyio.Event()
         self._ready = anyio.Event()
         self._stopped = anyio.Event()
-        self._cm_tg: anyio.abc.TaskGroup | None = None
+        self._background = Background()
 
     def caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
         """What calls ``handle()``: with its time limit and span, when configured."""
@@ -680,25 +690,13 @@ class GroupRuntime:
         if self.running:
             await self._stopped.wait()
 
-    async def enter(self, run: Callable[..., Coroutine[Any, Any, None]]) -> None:
-        self._cm_tg = anyio.create_task_group()
-        await self._cm_tg.__aenter__()
-        try:
-            await self._cm_tg.start(run)
-        except BaseException as exc:
-            try:
-                await self._cm_tg.__aexit__(type(exc), exc, exc.__traceback__)
-            except BaseExceptionGroup as group:
-                if group.exceptions == (exc,):
-                    raise exc from None
-                raise
-            raise
+    async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
+        """``async with consumer``: start ``run`` in the background."""
+        await self._background.start(run)
 
     async def exit(self) -> None:
         self._stop.set()
-        assert self._cm_tg is not None
-        tg, self._cm_tg = self._cm_tg, None
-        await tg.__aexit__(None, None, None)
+        await self._background.wait()
 
     async def _hook(self, name: str) -> None:
         try:
@@ -761,14 +759,15 @@ class GroupRuntime:
         return [lane for lane in self.lanes if not lane.dead and not lane.stopping]
 
     async def _beat_loop(self) -> None:
-        backoff = Backoff()
+        """Renew every live member each ``heartbeat_s``; a round that fails is logged,
+        counted and tried again at the next interval (a member not renewed within a
+        TTL stops handing entries by itself: ``Lane.usable``)."""
         while True:
             await anyio.sleep(self.config.heartbeat_s)
             try:
                 await self._beat()
                 self.gateway.last_ok = time.monotonic()
                 self.metrics.heartbeat(self.service, True)
-                backoff.reset()
             except Exception as exc:
                 self.metrics.heartbeat(self.service, False)
                 self.metrics.loop_error(self.service, "group_heartbeat")
@@ -808,56 +807,63 @@ class GroupRuntime:
             await anyio.sleep(r.interval_s * random.uniform(0.75, 1.25))
             for lane in list(self.lanes):
                 try:
-                    reply = await self.gateway.scripts.group_trim(keys=[lane.stream], args=args)
+                    await self._trim(lane, args)
                 except Exception as exc:
                     self.metrics.loop_error(self.service, "group_trim")
                     log_failure(log, f"group stream {lane.stream!r}: trimming", exc, 0)
-                    continue
-                acknowledged, dropped = int(reply[0]), int(reply[1])
-                if acknowledged or dropped:
-                    self.metrics.stream_trimmed(self.service, acknowledged, dropped)
-                if dropped:
-                    log.warning(
-                        "group %r stream %r: a retention cap trimmed %d entries at or above "
-                        "the oldest one some group has not acknowledged",
-                        self.service,
-                        lane.stream,
-                        dropped,
-                        extra=lane.extra,
-                    )
+
+    async def _trim(self, lane: Lane, args: Sequence[Any]) -> None:
+        reply = await self.gateway.scripts.group_trim(keys=[lane.stream], args=args)
+        acknowledged, dropped = int(reply[0]), int(reply[1])
+        if acknowledged or dropped:
+            self.metrics.stream_trimmed(self.service, acknowledged, dropped)
+        if dropped:
+            log.warning(
+                "group %r stream %r: a retention cap trimmed %d entries at or above "
+                "the oldest one some group has not acknowledged",
+                self.service,
+                lane.stream,
+                dropped,
+                extra=lane.extra,
+            )
 
     async def _reclaim_loop(self) -> None:
-        min_idle_ms = int(self.recovery.min_idle_s * 1000)
-        forget_ms = int(FORGET_AFTER_S * 1000)
+        """A reclaim pass over every live lane about every ``RECLAIM_INTERVAL_S``. A
+        failure (a Redis error, an odd reply) is logged and counted, and the pass goes
+        on with the next lane."""
         while True:
             await anyio.sleep(RECLAIM_INTERVAL_S * random.uniform(0.75, 1.25))
             for lane in self._alive_lanes():
                 try:
-                    r = await self.gateway.scripts.group_reclaim(
-                        keys=[lane.stream, lane.members],
-                        args=[
-                            self.group,
-                            lane.member,
-                            self.config.read_batch_size,
-                            min_idle_ms,
-                            forget_ms,
-                        ],
-                    )
+                    await self._reclaim(lane)
                 except Exception as exc:
                     self.metrics.loop_error(self.service, "group_reclaim")
                     log_failure(log, f"group stream {lane.stream!r}: reclaim", exc, 0)
-                    continue
-                self.tally.reclaim_pass()
-                code = int(r[0])
-                if code == -1:
-                    lane.lose("its session expired (seen by the reclaim pass)")
-                elif code == 1 and r[1]:
-                    self.metrics.entries_reclaimed(self.service, len(r[1]))
-                    log.info(
-                        "group %r stream %r: claimed %d entries from dead members",
-                        self.service,
-                        lane.stream,
-                        len(r[1]),
-                        extra=lane.extra,
-                    )
-                    lane.claimed(len(r[1]))
+
+    async def _reclaim(self, lane: Lane) -> None:
+        """``group_reclaim.lua`` on one lane's stream: claim what dead or stopped
+        members (and, after ``min_idle_s``, names without a session) hold."""
+        r = await self.gateway.scripts.group_reclaim(
+            keys=[lane.stream, lane.members],
+            args=[
+                self.group,
+                lane.member,
+                self.config.read_batch_size,
+                int(self.recovery.min_idle_s * 1000),
+                int(FORGET_AFTER_S * 1000),
+            ],
+        )
+        self.tally.reclaim_pass()
+        code = int(r[0])
+        if code == -1:
+            lane.lose("its session expired (seen by the reclaim pass)")
+        elif code == 1 and r[1]:
+            self.metrics.entries_reclaimed(self.service, len(r[1]))
+            log.info(
+                "group %r stream %r: claimed %d entries from dead members",
+                self.service,
+                lane.stream,
+                len(r[1]),
+                extra=lane.extra,
+            )
+            lane.claimed(len(r[1]))

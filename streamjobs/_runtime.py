@@ -136,27 +136,12 @@ class Runtime(RuntimeIntake):
             await self._stopped.wait()
 
     async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
-        """``async with consumer``: start ``run`` in a task group of our own."""
-        self._cm_tg = anyio.create_task_group()
-        await self._cm_tg.__aenter__()
-        try:
-            await self._cm_tg.start(_started_run, run)
-        except BaseException as exc:
-            try:
-                await self._cm_tg.__aexit__(type(exc), exc, exc.__traceback__)
-            except BaseExceptionGroup as group:
-                # The start's own error (HookFailed, RedisUnavailable, ...), not wrapped
-                # in the task group's: `async with consumer` raises what run() raised.
-                if group.exceptions == (exc,):
-                    raise exc from None
-                raise
-            raise
+        """``async with consumer``: start ``run`` in the background."""
+        await self._background.start(run)
 
     async def exit(self) -> None:
         self._stop.set()
-        assert self._cm_tg is not None
-        tg, self._cm_tg = self._cm_tg, None
-        await tg.__aexit__(None, None, None)
+        await self._background.wait()
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         if self.running:
@@ -359,9 +344,3 @@ class Runtime(RuntimeIntake):
 def _wall(monotonic_at: float) -> float:
     """A ``time.monotonic()`` instant as wall-clock seconds since the epoch."""
     return time.time() - (time.monotonic() - monotonic_at)
-
-
-async def _started_run(
-    run: Callable[..., Awaitable[None]], *, task_status: anyio.abc.TaskStatus[None]
-) -> None:
-    await run(task_status=task_status)

@@ -19,6 +19,7 @@ import anyio.abc
 
 from ._cluster_waiter import ClusterWaiter
 from ._coalesce import Coalescer
+from ._lifespan import Background
 from ._ownership import Hooks, OwnedStream, entry_caller
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
@@ -131,7 +132,7 @@ class RuntimeState:
         self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
         self._stream_tasks: set[asyncio.Task[None]] = set()  # see _start_stream
-        self._cm_tg: anyio.abc.TaskGroup | None = None
+        self._background = Background()
         self._leases: Coalescer[str, bool] = Coalescer(self._take_leases)
 
     # -- what OwnedStream needs (the Host protocol) --------------------------------------

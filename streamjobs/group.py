@@ -220,20 +220,6 @@ class GroupConsumer(abc.ABC, Generic[F]):
     async def on_shutdown(self) -> None:
         """Called once at the end of :meth:`run`, after the last handler returned."""
 
-    # Called by the shared pipeline's protocol; a group consumer has no per-stream
-    # lifecycle of its own.
-    async def on_stream_start(self, stream: str, info: Any) -> None:  # pragma: no cover
-        return None
-
-    async def on_stream_end(self, stream: str) -> None:  # pragma: no cover
-        return None
-
-    async def on_stream_lost(self, stream: str) -> None:  # pragma: no cover
-        return None
-
-    async def on_stream_cancelled(self, stream: str, reason: str) -> None:  # pragma: no cover
-        return None
-
     # -- public framework API ------------------------------------------------------------
 
     @final

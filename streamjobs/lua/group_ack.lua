@@ -17,8 +17,14 @@ end
 if #ARGV < 3 then
   return 0
 end
+-- Read before the first write: a script is not rolled back.
+local counters = redis.call('TYPE', KEYS[3])['ok']
+if counters ~= 'hash' and counters ~= 'none' then
+  return redis.error_reply('WRONGTYPE the restart counters ' .. KEYS[3] .. ' hold a ' ..
+    counters .. ', not a hash')
+end
 local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 3))
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if counters == 'hash' then
   redis.call('HDEL', KEYS[3], unpack(ARGV, 3))
 end
 return acked

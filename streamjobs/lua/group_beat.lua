@@ -8,14 +8,15 @@
 -- stays with its new holder.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Every score is read before the first write: a script is not rolled back.
 local out = {}
 for i = 1, #KEYS do
   local score = redis.call('ZSCORE', KEYS[i], ARGV[i + 1])
-  if score and tonumber(score) > now then
+  out[i] = (score and tonumber(score) > now) and 1 or 0
+end
+for i = 1, #KEYS do
+  if out[i] == 1 then
     redis.call('ZADD', KEYS[i], 'XX', now + tonumber(ARGV[1]), ARGV[i + 1])
-    out[i] = 1
-  else
-    out[i] = 0
   end
 end
 return out

@@ -17,6 +17,11 @@ if kind ~= 'stream' and kind ~= 'none' then
   return redis.error_reply('WRONGTYPE the data stream ' .. KEYS[1] .. ' holds a ' ..
     kind .. ', not a stream')
 end
+local index = redis.call('TYPE', KEYS[2])['ok']
+if index ~= 'zset' and index ~= 'none' then
+  return redis.error_reply('WRONGTYPE the member index ' .. KEYS[2] .. ' holds a ' ..
+    index .. ', not a sorted set')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], ARGV[4], 'MKSTREAM')

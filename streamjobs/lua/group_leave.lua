@@ -23,10 +23,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     end
   end
 end
+local known = redis.call('ZSCORE', KEYS[2], ARGV[2])
+-- Every read is done: the writes follow (a script is not rolled back).
 if grouped and pending == 0 then
   redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 end
-if redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+if known then
   redis.call('ZADD', KEYS[2], -now, ARGV[2])
 end
 return pending

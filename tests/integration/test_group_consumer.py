@@ -13,7 +13,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from streamjobs import (
     ClusterMode,
@@ -32,7 +36,7 @@ from streamjobs import (
 from streamjobs._cli_ops import print_overview
 from streamjobs._keys import Keys
 from streamjobs.group import group_runtime_of
-from tests.harness.plugin import cluster_mode_for
+from tests.harness.plugin import RedisServerFactory, cluster_mode_for
 
 from ._helpers import eventually
 
@@ -405,3 +409,70 @@ async def test_bad_retention_names_its_field() -> None:
         GroupRetention(max_len=0)
     with pytest.raises(ConfigurationError, match="interval_s"):
         GroupRetention(interval_s=-1)
+
+
+async def test_two_services_on_one_stream_each_get_every_entry(
+    redis: Any, service: str, uid: str
+) -> None:
+    stream = f"g:{uid}"
+    other = f"{service}-other"
+    ours, theirs = make(redis, service, [stream], "c0"), make(redis, other, [stream], "c0")
+    async with running(ours, theirs):
+        ids = {(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(30)}
+        await eventually(lambda: _async(len(ours.seen) == len(theirs.seen) == 30))
+    assert {i for _, _, i, _ in ours.seen} == ids == {i for _, _, i, _ in theirs.seen}
+    for group in (service, other):
+        assert await pending(redis, stream, group) == 0
+
+
+async def test_a_second_run_reads_on(redis: Any, service: str, uid: str) -> None:
+    stream = f"g:{uid}"
+    consumer = make(redis, service, [stream], "c0")
+    for round_ in range(2):
+        async with running(consumer):
+            await redis.xadd(stream, {"n": str(round_)})
+            await eventually(lambda: _async(len(consumer.seen) == round_ + 1))  # noqa: B023
+    assert [f["n"] for _, _, _, f in consumer.seen] == ["0", "1"]
+    assert await pending(redis, stream, service) == 0
+
+
+async def test_a_stream_key_of_another_type_does_not_end_run(
+    redis: Any, service: str, uid: str
+) -> None:
+    good, bad = f"g:{uid}:good", f"g:{uid}:bad"
+    await redis.set(bad, "not a stream")
+    consumer = make(redis, service, [good, bad], "c0")
+    async with running(consumer):
+        await redis.xadd(good, {"n": "0"})
+        await eventually(lambda: _async(len(consumer.seen) == 1))
+        await eventually(lambda: _async(consumer.statistics().loop_errors.get("group", 0) > 0))
+    assert await redis.get(bad) == b"not a stream"
+
+
+async def test_a_redis_restart_loses_nothing(
+    redis_server_factory: RedisServerFactory, service: str, uid: str
+) -> None:
+    server = redis_server_factory(appendonly=True)
+    client = AsyncRedis.from_url(server.url)
+    stream = f"g:{uid}"
+    consumer = make(client, service, [stream], "c0")
+    try:
+        async with running(consumer):
+            ids = {(await client.xadd(stream, {"n": str(i)})).decode() for i in range(20)}
+            await eventually(lambda: _async(len(consumer.seen) == 20))
+            await anyio.to_thread.run_sync(server.restart)
+            ids |= {(await _xadd_retrying(client, stream, i)) for i in range(20, 40)}
+            await eventually(lambda: _async({i for _, _, i, _ in consumer.seen} >= ids))
+        assert await pending(client, stream, service) == 0
+    finally:
+        await client.aclose()
+
+
+async def _xadd_retrying(client: Any, stream: str, i: int) -> str:
+    """XADD once the restarted server accepts writes again."""
+    with anyio.fail_after(20):
+        while True:
+            try:
+                return (await client.xadd(stream, {"n": str(i)})).decode()  # type: ignore[no-any-return]
+            except (RedisConnectionError, BusyLoadingError):
+                await anyio.sleep(0.1)
