@@ -323,8 +323,15 @@ async def test_a_stream_replaced_by_another_type_while_idle_stalls_no_other_stre
     c = consumer_factory(Recorder, config=ConsumerConfig(read_block_ms=500))
     async with c:
         await eventually(lambda: _true(len(c.handled) == 2))
-        await redis.delete(bad)
-        await redis.set(bad, "not a stream")
+        # DEL and SET at once: the DEL's event wakes the stream on a cluster (a SET
+        # publishes in a class the waiter does not subscribe to), and no read sees
+        # the key missing in between (a vanished stream is another path).
+        await redis.eval(
+            "redis.call('DEL', KEYS[1]) return redis.call('SET', KEYS[1], ARGV[1])",
+            1,
+            bad,
+            "not a stream",
+        )
         await producer.append(good, {"n": "1"})
 
         async def both_moved_on() -> bool:
