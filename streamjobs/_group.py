@@ -35,11 +35,12 @@ from redis.exceptions import NoScriptError
 
 from . import _tracing
 from ._backoff import Backoff
+from ._cluster_waiter import ClusterWaiter
 from ._deadletter import GROUP_FIELD, DeadLetterReason, entry_dead_letter
 from ._guard import log_failure
 from ._lifespan import Background
 from ._pipeline import GiveUp, _call_within, after_failure, entry_caller
-from ._redis import Gateway, translate
+from ._redis import Channel, Gateway, translate
 from ._redis._boundary import _stream_entries, raw_sized_entries, sized_entries, text
 from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
@@ -64,26 +65,27 @@ FORGET_AFTER_S = 3600.0
 _NO_ENTRIES: list[tuple[str, Any]] = []
 
 
-def _decode(value: bytes) -> str:
-    return value.decode("utf-8", "surrogateescape")
+def _log_failure(what: str, exc: BaseException, delay_s: float) -> None:
+    """``log_failure`` of what the client raised, as the gateway boundary translates it
+    (a lost connection is one line, not a traceback)."""
+    log_failure(log, what, translate(exc), delay_s)
 
 
-def _entries(reply: Any, raw: bool) -> list[tuple[str, Any]]:
-    """``(id, fields)`` of an ``XREADGROUP`` reply of one stream; fields are None for
-    an entry that is pending but no longer in the stream."""
-    if not reply:
+def _read_entries(reply: Any, raw: bool) -> list[tuple[str, Any]]:
+    """``(id, fields)`` of an ``XREADGROUP`` reply of one stream, parsed or not; fields
+    are None for an entry that is pending but no longer in the stream."""
+    found = _stream_entries(reply)
+    if not found:
         return _NO_ENTRIES
-    _, found = reply[0]
+    decode = raw_sized_entries if raw else sized_entries
+    if all(item[1] is not None for item in found):
+        return decode(found)[0]
     out: list[tuple[str, Any]] = []
-    for entry_id, fields in found:
-        if fields is None:
-            out.append((text(entry_id), None))
-        elif raw:
-            out.append((text(entry_id), dict(fields)))
+    for item in found:
+        if item[1] is None:
+            out.append((text(item[0]), None))
         else:
-            out.append(
-                (text(entry_id), {_decode(k): _decode(v) for k, v in fields.items()}),
-            )
+            out.extend(decode([item])[0])
     return out
 
 
@@ -190,7 +192,7 @@ class Lane:
                         break
                     self.rt.metrics.loop_error(self.rt.service, "group")
                     delay = backoff.next_delay()
-                    log_failure(log, f"group stream {self.stream!r}", exc, delay)
+                    _log_failure(f"group stream {self.stream!r}", exc, delay)
                     # A read may have delivered entries whose reply was lost.
                     self.history = True
                     if "NOGROUP" in str(exc):
@@ -209,7 +211,8 @@ class Lane:
             args=[rt.group, member, rt.ttl_ms, rt.start_id],
         )
         if not self.registered:
-            await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
+            async with rt.gateway._slot():
+                await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
             self.registered = True
         self.member = member
         self.alive_until = sent + rt.ttl_s
@@ -263,15 +266,25 @@ class Lane:
 
     async def _read(self, position: str, block_ms: int | None) -> list[tuple[str, Any]]:
         rt = self.rt
-        reply = await rt.client.xreadgroup(
-            rt.group,
-            self.member,
-            {self.stream: position},
-            count=rt.config.read_batch_size,
-            block=block_ms,
-        )
+        command: tuple[Any, ...] = (
+            "XREADGROUP", "GROUP", rt.group, self.member, "COUNT", rt.config.read_batch_size,
+        )  # fmt: skip
+        if block_ms is not None:
+            command += ("BLOCK", block_ms)
+        command += ("STREAMS", self.stream, position)
+        if block_ms is None:  # a history read: on the command channel
+            reply = await rt.gateway._command(self.stream, *command)
+        elif rt.cluster:
+            # A blocking read (the primary refused the keyspace flags) holds a
+            # connection of its own, sent by the stream's slot: redis-py's own routing
+            # of XREADGROUP asks one fixed node for the command's keys (COMMAND
+            # GETKEYS), and fails for as long as that node is down.
+            node = rt.client.get_node_from_key(self.stream)
+            reply = await rt.client.execute_command(*command, target_nodes=node)
+        else:
+            reply = await rt.client.execute_command(*command)
         rt.gateway.last_ok = time.monotonic()
-        return _entries(reply, rt.raw)
+        return _read_entries(reply, rt.raw)
 
     async def _ack_and_read(self) -> tuple[list[tuple[str, Any]], str]:
         """One round trip per batch (standalone): the acknowledgement of the batch
@@ -323,7 +336,6 @@ class Lane:
         """Wait in the shared idle wait for an entry after ``newest``; a claim, a loss
         or a stop ends the wait at once."""
         waiter = self.rt.waiter
-        assert waiter is not None
         # Nothing awaits between the check and the registration: a wake-up after the
         # future exists resolves it, and the wait returns at once.
         self._idle_wake = asyncio.get_running_loop().create_future()
@@ -345,7 +357,7 @@ class Lane:
                 self.history = False
                 return
             redelivered = True
-        elif self.rt.waiter is not None:
+        elif self.rt.waiter.usable:
             entries, newest = await self._ack_and_read()
             if self.dead:
                 return
@@ -541,7 +553,7 @@ class Lane:
             except Exception as exc:
                 rt.metrics.loop_error(rt.service, "group")
                 delay = backoff.next_delay()
-                log_failure(log, f"group stream {self.stream!r}: writing a dead letter", exc, delay)
+                _log_failure(f"group stream {self.stream!r}: writing a dead letter", exc, delay)
                 if not await self._pause(delay):
                     return False
                 continue
@@ -604,11 +616,20 @@ class GroupRuntime:
         self.ttl_ms = max(1, int(config.lock_ttl_s * 1000))
         self.call_handle = entry_caller(hooks.handle)
         self.lanes: list[Lane] = []
-        self.waiter: Waiter | None = None
-        if not cluster:
-            # One blocking read for every idle stream (per 1,250 of them), not one
-            # per stream. On a cluster each stream blocks on a connection of its own.
-            self.waiter = Waiter(
+        # The shared idle wait, as for StreamConsumer: one blocking read for every idle
+        # stream (per 1,250 of them) on a standalone server; on a cluster, keyspace
+        # events on one subscription per primary. Where neither can serve (a primary
+        # refusing the flags), each stream blocks on a read of its own.
+        self.waiter: Waiter | ClusterWaiter = (
+            ClusterWaiter(
+                client,
+                gateway,
+                metrics=metrics,
+                service=self.service,
+                configure_flags=recovery.configure_keyspace_events,
+            )
+            if cluster
+            else Waiter(
                 client,
                 gateway,
                 block_ms=config.read_block_ms,
@@ -616,6 +637,7 @@ class GroupRuntime:
                 service=self.service,
                 streams=len(self.streams),
             )
+        )
         self.running = False
         self._stop = anyio.Event()
         self._ready = anyio.Event()
@@ -709,6 +731,11 @@ class GroupRuntime:
             raise StreamJobsError("this consumer is already running")
         self.running = True
         self._stopped = anyio.Event()
+        # As StreamConsumer's: commands of all lanes share one connection per node (the
+        # command channel), and what goes outside it holds one of redis_concurrency
+        # slots, so the connections grow with the nodes, not with the streams.
+        self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
+        self.gateway.scripts.channel = Channel(self.gateway.client)
         try:
             try:
                 await self.gateway.load_scripts()
@@ -720,8 +747,7 @@ class GroupRuntime:
             await self._hook("on_startup")
             self.lanes = [Lane(self, stream) for stream in self.streams]
             async with anyio.create_task_group() as loops:
-                if self.waiter is not None:
-                    await loops.start(self.waiter.run)
+                await loops.start(self.waiter.run)
                 async with anyio.create_task_group() as lanes:
                     for lane in self.lanes:
                         lanes.start_soon(lane.run)
@@ -771,7 +797,7 @@ class GroupRuntime:
             except Exception as exc:
                 self.metrics.heartbeat(self.service, False)
                 self.metrics.loop_error(self.service, "group_heartbeat")
-                log_failure(log, f"group {self.service!r} heartbeat", exc, 0)
+                _log_failure(f"group {self.service!r} heartbeat", exc, 0)
 
     async def _beat(self) -> None:
         lanes = self._alive_lanes()
@@ -810,7 +836,7 @@ class GroupRuntime:
                     await self._trim(lane, args)
                 except Exception as exc:
                     self.metrics.loop_error(self.service, "group_trim")
-                    log_failure(log, f"group stream {lane.stream!r}: trimming", exc, 0)
+                    _log_failure(f"group stream {lane.stream!r}: trimming", exc, 0)
 
     async def _trim(self, lane: Lane, args: Sequence[Any]) -> None:
         reply = await self.gateway.scripts.group_trim(keys=[lane.stream], args=args)
@@ -838,7 +864,7 @@ class GroupRuntime:
                     await self._reclaim(lane)
                 except Exception as exc:
                     self.metrics.loop_error(self.service, "group_reclaim")
-                    log_failure(log, f"group stream {lane.stream!r}: reclaim", exc, 0)
+                    _log_failure(f"group stream {lane.stream!r}: reclaim", exc, 0)
 
     async def _reclaim(self, lane: Lane) -> None:
         """``group_reclaim.lua`` on one lane's stream: claim what dead or stopped

@@ -56,9 +56,11 @@ def _field_type(cls: type) -> type[str] | type[bytes] | None:
 
 
 def _check_pool(redis: Any, streams: int, cluster: bool) -> None:
-    """On a cluster each stream blocks on a connection of its own while it waits for
-    entries; on a standalone server the idle streams share one blocking read per 1,250
-    of them. The reads and scripts of streams with entries need a few more."""
+    """On a standalone server the idle streams share one blocking read per 1,250 of
+    them. On a cluster they wait on keyspace events, but where a primary refuses the
+    flags each idle stream blocks on a connection of its own, so the pool must allow
+    that (as for ``StreamConsumer``). The reads and scripts of streams with entries
+    need a few more."""
     pool = getattr(redis, "connection_pool", None)
     limit = getattr(pool, "max_connections", None)
     if limit is None:

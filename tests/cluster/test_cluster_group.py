@@ -14,12 +14,15 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from streamjobs import ClusterMode, ConsumerConfig, GroupConsumer, Message, RecoveryConfig
+from streamjobs._cluster_waiter import ClusterWaiter
 from streamjobs._keys import Keys
+from streamjobs.group import group_runtime_of
 from streamjobs.testing import LocalCluster
-from tests.harness.cluster import close_cluster_client
+from tests.harness.cluster import ClusterEndpoint, close_cluster_client
 from tests.integration._helpers import eventually
 
 from .test_cluster_consumer import client_for, names_on_each_primary
+from .test_cluster_idle_wait import clients, local
 
 pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
 
@@ -86,6 +89,50 @@ async def test_a_primary_killed_under_a_shared_group_loses_nothing(
     assert dead_letters == 0
     for s in streams:
         assert (await rc.xpending(s, service))["pending"] == 0, s
+
+
+async def test_idle_group_streams_share_one_subscription_per_primary(
+    redis_cluster: ClusterEndpoint, cluster_client: RedisCluster, service: str, uid: str
+) -> None:
+    """Idle streams of a group consumer wait on the keyspace subscription of their
+    primary (as StreamConsumer's do), not in a blocking XREADGROUP each, and a write
+    to any of them is handled at once (the safety re-read is minutes away)."""
+    cluster = local(redis_cluster)
+    rc = cluster_client
+    primaries = cluster.primaries()
+    streams = [f"gi:{uid}:{i}" for i in range(60)]
+    before = {p: len(clients(p)) for p in primaries}
+    c = Counting(
+        rc,
+        service=service,
+        streams=streams,
+        cluster_mode=ClusterMode.OSS,
+        config=ConsumerConfig(read_block_ms=500),
+    )
+    async with c:
+        waiter = group_runtime_of(c).waiter
+        assert isinstance(waiter, ClusterWaiter)
+
+        async def all_idle() -> bool:
+            return sum(len(node.subscribed) for node in waiter.nodes.values()) == len(streams)
+
+        await eventually(all_idle, timeout_s=30)
+        after = {p: len(clients(p)) for p in primaries}
+        blocked = sum(
+            1 for p in primaries for client in clients(p) if client.get("cmd") == "xreadgroup"
+        )
+        assert blocked == 0
+        assert sum(after.values()) - sum(before.values()) < len(streams), (before, after)
+        for i, stream in enumerate(streams[::7]):
+            written = (stream, (await rc.xadd(stream, {"n": str(i)})).decode())
+
+            async def handled(written: tuple[str, str] = written) -> bool:
+                return written in c.handled
+
+            with anyio.fail_after(5):
+                await eventually(handled, timeout_s=5)
+    for stream in streams[::7]:
+        assert (await rc.xpending(stream, service))["pending"] == 0, stream
 
 
 async def _true(value: bool) -> bool:
