@@ -95,7 +95,10 @@ class GroupConsumer(abc.ABC, Generic[F]):
             that has not renewed its session for that long is dead, and its pending
             entries go to the others. Heartbeat, batch size, block time, handler
             attempts, backoff, timeout, shutdown grace and key prefix apply as for
-            :class:`~streamjobs.StreamConsumer`.
+            :class:`~streamjobs.StreamConsumer`. ``liveness`` does not apply: a group
+            member always holds a session, one per stream
+            (docs/shared-groups.md#sessions); the stream-ownership settings
+            (``max_concurrent_streams``, ``stream_idle_timeout_s``) neither.
         recovery: ``max_retries`` (deliveries to consumers that died or stopped
             before acknowledging an entry, past which it is dead-lettered),
             ``min_idle_s`` (entries pending under names that hold no session, such
