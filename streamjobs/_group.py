@@ -865,6 +865,10 @@ class GroupRuntime:
                 except Exception as exc:
                     self.metrics.loop_error(self.service, "group_reclaim")
                     _log_failure(f"group stream {lane.stream!r}: reclaim", exc, 0)
+                    # The pass may have claimed entries for this member before its
+                    # reply was lost: nobody else would take them from a live member,
+                    # so the lane reads its own pending list next.
+                    lane.claimed(1)
 
     async def _reclaim(self, lane: Lane) -> None:
         """``group_reclaim.lua`` on one lane's stream: claim what dead or stopped

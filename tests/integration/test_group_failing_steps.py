@@ -1,0 +1,173 @@
+"""A ``GroupConsumer`` whose Redis calls fail at each step in turn, against real Redis
+(docs/shared-groups.md): joining, the acknowledgement and read of a batch, a history
+read, the restart counter, the heartbeat, the reclaim pass, trimming, the dead-letter
+write and leaving. Each step fails its first two calls, either before the command reaches the
+server or after the server applied it (the reply lost). Two consumers share a stream
+with a poison entry, and one of them stops half-way, so that the other reclaims what
+it held. After each: every entry handled, the poison entry dead-lettered exactly
+once, nothing pending, no restart counter left."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from streamjobs import ConsumerConfig, GroupConsumer, GroupRetention, Message, RecoveryConfig
+from streamjobs._keys import Keys
+from streamjobs.group import group_runtime_of
+from tests.harness.plugin import cluster_mode_for
+
+from ._helpers import eventually
+
+pytestmark = pytest.mark.anyio
+
+SCRIPTS = ("group_join", "group_beat", "group_ack", "group_reclaim", "group_trim", "group_leave")
+GATEWAY = ("_transaction", "_command", "dead_letter_entry")
+CLIENT = ("hincrby",)
+STEPS = SCRIPTS + GATEWAY + CLIENT
+
+ENTRIES = 60
+POISON = 7
+
+
+class Faults:
+    """Fails calls number ``fail_on`` of one step: ``before`` sending it, or ``after``
+    the server answered (its effect applied, its reply lost)."""
+
+    def __init__(self, mode: str, fail_on: tuple[int, ...] = (1, 2)) -> None:
+        self.mode = mode
+        self.fail_on = fail_on
+        self.calls = 0
+        self.failed = 0
+
+    def wrap(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(fn)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            failing = self.calls in self.fail_on
+            if failing and self.mode == "before":
+                self.failed += 1
+                raise RedisConnectionError("injected: the command never reached the server")
+            result = await fn(*args, **kwargs)
+            if failing:
+                self.failed += 1
+                raise RedisConnectionError("injected: the server applied it, the reply was lost")
+            return result
+
+        return call
+
+
+class _Script:
+    """A script of ``gateway.scripts`` whose calls go through ``Faults`` (its ``sha``
+    and the rest are the script's own: a MULTI that names it by sha is not a call)."""
+
+    def __init__(self, script: Any, faults: Faults) -> None:
+        self._script = script
+        self._call = faults.wrap(script.__call__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._script, name)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._call(*args, **kwargs)
+
+
+class Worker(GroupConsumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handled: list[str] = []
+
+    async def handle(self, message: Message) -> None:
+        if message.fields.get("poison"):
+            raise ValueError("poison")
+        await anyio.sleep(0.005)
+        self.handled.append(message.id)
+
+
+def inject(consumer: Worker, step: str, faults: Faults) -> None:
+    gateway = group_runtime_of(consumer).gateway
+    if step in SCRIPTS:
+        setattr(gateway.scripts, step, _Script(getattr(gateway.scripts, step), faults))
+    elif step in GATEWAY:
+        setattr(gateway, step, faults.wrap(getattr(gateway, step)))
+
+
+@pytest.mark.parametrize("mode", ["before", "after"])
+@pytest.mark.parametrize("step", STEPS)
+async def test_a_failing_call_at_each_step_loses_nothing(
+    redis: Any, service: str, uid: str, step: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = f"g:{uid}"
+    keys = Keys(service)
+    faults = Faults(mode)
+    config = ConsumerConfig(
+        lock_ttl_s=1.0,
+        read_block_ms=100,
+        read_batch_size=5,
+        max_handler_attempts=2,
+        handler_backoff_s=0.01,
+    )
+
+    def make(name: str) -> Worker:
+        return Worker(
+            redis,
+            service=service,
+            streams=[stream],
+            consumer_name=name,
+            cluster_mode=cluster_mode_for(redis),
+            config=config,
+            recovery=RecoveryConfig(max_retries=5, min_idle_s=2),
+            retention=GroupRetention(interval_s=0.2),
+        )
+
+    first, second = make("c0"), make("c1")
+    inject(first, step, faults)
+    inject(second, step, faults)
+    if step in CLIENT:  # the shared client: its calls from either consumer fail
+        monkeypatch.setattr(redis, step, faults.wrap(getattr(redis, step)))
+    ids = []
+    for i in range(ENTRIES):
+        fields = {"n": str(i), **({"poison": "1"} if i == POISON else {})}
+        ids.append((await redis.xadd(stream, fields)).decode())
+    good = {entry_id for i, entry_id in enumerate(ids) if i != POISON}
+
+    def handled() -> set[str]:
+        return {*first.handled, *second.handled}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(first.run)
+        await tg.start(second.run)
+        await eventually(lambda: _true(len(handled()) >= ENTRIES // 3), timeout_s=20)
+        # A graceful stop mid-stream: what it read and did not handle is claimed at once
+        # by the other (a history read, the restart counter).
+        await second.aclose()
+        for i in range(ENTRIES, ENTRIES + 10):
+            ids.append((await redis.xadd(stream, {"n": str(i)})).decode())
+            good.add(ids[-1])
+        await eventually(lambda: _true(handled() >= good), timeout_s=30)
+        await eventually(lambda: _settled(redis, stream, service), timeout_s=30)
+        if step != "group_leave":  # (called once per consumer, at its stop)
+            # A periodic step (the heartbeat, trimming) may not have failed twice yet.
+            await eventually(lambda: _true(faults.failed == 2), timeout_s=20)
+        await first.aclose()
+    assert faults.failed == 2, f"step {step} was called {faults.calls} times"
+    letters = await redis.xrange(keys.dead_letters)
+    sources = [fields[b"_source_id"].decode() for _, fields in letters]
+    assert sources == [ids[POISON]], "the poison entry is dead-lettered exactly once"
+    assert handled() >= good
+    assert (await redis.xpending(stream, service))["pending"] == 0
+    assert not await redis.exists(keys.starts(stream))
+
+
+async def _settled(redis: Any, stream: str, group: str) -> bool:
+    info = [g for g in await redis.xinfo_groups(stream) if g["name"] in (group, group.encode())]
+    return bool(info) and info[0]["pending"] == 0
+
+
+async def _true(value: bool) -> bool:
+    return value
