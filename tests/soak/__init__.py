@@ -133,4 +133,8 @@ items 4-7); the names stay so that a regression is recognised at once.
 Duplicates (an entry handled more than once) are counted, not failed: delivery is at
 least once (a crashed owner's unacked batch, a disowned consumer's in-flight call).
 Entries skipped after a cancel or a finish are counted too.
+
+The shared group's rules (``GroupConsumer`` workers on a few streams, beside the fleet
+above) are in the docstring of ``tests/soak/groups.py``: ``group_lost``,
+``group_dead_letters``, ``group_overlap`` and ``group_left_behind``.
 """

@@ -30,6 +30,8 @@ from streamjobs import DeadLetterFilter, DeadLetterRecord, DeadLetters
 from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer, Worker, WorkerFleet
 
+from .groups import TARGET as GROUP_TARGET
+from .groups import GroupProducer, GroupReport, Windows, check_groups, collect_groups, drained
 from .history import (
     FINISH,
     POISON,
@@ -73,7 +75,7 @@ from .stores import (
     StandaloneStore,
     Store,
 )
-from .worker import EVENTS_KEY, HANDLED_KEY, RECORD_URL_ENV, REJECT_REASON
+from .worker import EVENTS_KEY, GROUP_EVENTS_KEY, HANDLED_KEY, RECORD_URL_ENV, REJECT_REASON
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 TARGET: Final = "tests.soak.worker:SoakWorker"
@@ -124,6 +126,9 @@ class Settings:
     name_pool: int = 18
     replay_every_s: float = 3.0
     liveness: str = MIXED
+    group_workers: int = 2
+    group_streams: int = 3
+    group_rate: float = 30.0
 
     def worker_args(self) -> list[str]:
         return [
@@ -201,12 +206,24 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         default=MIXED,
         help="the workers' Liveness; mixed: half LOCK, half SESSION (default)",
     )
+    p.add_argument(
+        "--group-workers",
+        type=int,
+        default=2,
+        help="GroupConsumer processes sharing --group-streams streams (0: none)",
+    )
+    p.add_argument("--group-streams", type=int, default=3, help="streams of the shared group")
+    p.add_argument(
+        "--group-rate", type=float, default=30.0, help="entries/s appended to the group streams"
+    )
     p.add_argument("--drain-timeout-s", type=float, default=120.0)
     p.add_argument("--progress-s", type=float, default=3.0)
     p.add_argument("--keep-logs", type=Path, default=None, help="copy all logs here at the end")
     ns = p.parse_args(argv)
     if ns.workers < 3:
         p.error("--workers must be >= 3")
+    if ns.group_workers < 0 or ns.group_streams < 1 or ns.group_rate <= 0:
+        p.error("need --group-workers >= 0, --group-streams >= 1 and --group-rate > 0")
     if not 0 < ns.fault_min_s <= ns.fault_max_s:
         p.error("need 0 < --fault-min-s <= --fault-max-s")
     for name in ("duration_s", "rate", "drain_timeout_s", "progress_s", "replay_every_s"):
@@ -265,6 +282,9 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         name_pool=pool if MIX_REUSE in mix else 0,
         replay_every_s=ns.replay_every_s,
         liveness=ns.liveness,
+        group_workers=ns.group_workers,
+        group_streams=ns.group_streams,
+        group_rate=ns.group_rate,
     )
 
 
@@ -291,6 +311,7 @@ class Proc:
     stops: list[tuple[int, int]] = field(default_factory=list)  # (SIGSTOP, SIGCONT) unix ns
     end_ns: int | None = None
     problem: str | None = None
+    group: bool = False  # a GroupConsumer worker (tests/soak/groups.py)
 
     @property
     def name(self) -> str:
@@ -372,6 +393,14 @@ class Soak:
         self.replayed_reasons: Counter[str] = Counter()
         self.base_args: list[str] = []
         self.records: list[str] = []  # the workers' records, read at the end
+        # The shared group (tests/soak/groups.py): its own service and fleet.
+        self.group_service = f"{self.service}-g"
+        self.group_streams = [f"grp:{self.run_id}:{i}" for i in range(settings.group_streams)]
+        self.group_fleet: WorkerFleet | None = None
+        self.group_producer: GroupProducer | None = None
+        self.group_report: GroupReport | None = None
+        self.server_spans: list[list[int]] = []  # [start, end] ns of each server fault
+        self._group_left: str | None = None  # why the group is not drained yet
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -387,30 +416,41 @@ class Soak:
     async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
-    async def start_worker(self) -> Proc:
-        assert self.fleet is not None
+    async def start_worker(self, group: bool = False) -> Proc:
+        fleet = self.group_fleet if group else self.fleet
+        assert fleet is not None
         while True:
             await self.gate.wait_open()
             url = await self._thread(self.store.worker_url)
             if self.gate.is_open():
                 break
-        self.fleet.url = url
-        name = f"w{self._next_worker}"
+        fleet.url = url
+        name = f"{'g' if group else 'w'}{self._next_worker}"
         self._next_worker += 1
-        mode = self._next_liveness()
-        # The fleet reads its args at each start: this worker's liveness goes last.
-        self.fleet.args = [*self.base_args, "--liveness", mode]
-        proc = Proc(self.fleet.start(name), liveness=mode)
+        if group:
+            proc = Proc(fleet.start(name), liveness=SESSION_MODE, group=True)
+        else:
+            mode = self._next_liveness()
+            # The fleet reads its args at each start: this worker's liveness goes last.
+            fleet.args = [*self.base_args, "--liveness", mode]
+            proc = Proc(fleet.start(name), liveness=mode)
         self.procs.append(proc)
         return proc
+
+    def fleet_of(self, proc: Proc) -> WorkerFleet:
+        fleet = self.group_fleet if proc.group else self.fleet
+        assert fleet is not None
+        return fleet
 
     def _next_liveness(self) -> str:
         """``--liveness mixed``: the mode fewer live workers run (then fewer started)."""
         if self.s.liveness != MIXED:
             return self.s.liveness
         modes = (LOCK_MODE, SESSION_MODE)
-        live = Counter(p.liveness for p in self.procs if p.fate in (RUNNING, TERMINATING))
-        started = Counter(p.liveness for p in self.procs)
+        live = Counter(
+            p.liveness for p in self.procs if p.fate in (RUNNING, TERMINATING) and not p.group
+        )
+        started = Counter(p.liveness for p in self.procs if not p.group)
         return min(modes, key=lambda m: (live[m], started[m]))
 
     # -- phases --------------------------------------------------------------------------
@@ -444,6 +484,28 @@ class Soak:
         for _ in range(s.workers):
             await self.start_worker()
         slow = await self._thread(self.fleet.wait_started, 30.0)
+        if s.group_workers:
+            self.group_fleet = WorkerFleet(
+                self.store.worker_url(),
+                self.group_service,
+                GROUP_TARGET,
+                [*self.base_args, *(a for n in self.group_streams for a in ("--stream", n))],
+                pythonpath=[ROOT],
+                env={RECORD_URL_ENV: self.side.url},
+                cwd=ROOT,
+                log_dir=self.fleet.log_dir,
+            )
+            self.stack.callback(self.group_fleet.close)
+            for _ in range(s.group_workers):
+                await self.start_worker(group=True)
+            slow += await self._thread(self.group_fleet.wait_started, 30.0)
+            self.group_producer = GroupProducer(
+                self._data,
+                self.group_streams,
+                s.group_rate,
+                s.work_ms,
+                random.Random(f"{s.seed}-group"),
+            )
         if slow:
             raise RuntimeError(f"workers did not start within 30 s: {[w.name for w in slow]}")
         self.producer = StreamProducer(
@@ -464,7 +526,10 @@ class Soak:
             ),
             random.Random(f"{s.seed}-produce"),
         )
-        self.say(f"{s.workers} workers started (logs in {self.fleet.log_dir})")
+        self.say(
+            f"{s.workers} workers and {s.group_workers} group workers started "
+            f"(logs in {self.fleet.log_dir})"
+        )
 
     async def close_clients(self) -> None:
         for client in (self._side, self._data, self._check):
@@ -496,8 +561,16 @@ class Soak:
 
     async def produce(self, stop_at: float) -> None:
         assert self.producer is not None
+        producers = [self.producer.run]
+        if self.group_producer is not None:
+            producers.append(self.group_producer.run)
+        async with anyio.create_task_group() as tg:
+            for run in producers:
+                tg.start_soon(self._produce, run, stop_at)
+
+    async def _produce(self, run: Callable[[float], Awaitable[None]], stop_at: float) -> None:
         try:
-            await self.producer.run(stop_at)
+            await run(stop_at)
         except ProducerError as exc:
             self.producer_error = str(exc)
             self.say(f"producer gave up: {exc}")
@@ -532,6 +605,13 @@ class Soak:
         with contextlib.suppress(Exception):
             consumers = await self._check.xinfo_consumers(self.keys.assignments, self.service)
             self.ready |= {_s(c["name"]) for c in consumers}
+        if any(p.group and p.name not in self.ready for p in self.running()):
+            # A group worker is past start-up once it joined a stream as a member.
+            group_keys = Keys(self.group_service)
+            for stream in self.group_streams:
+                with contextlib.suppress(Exception):
+                    members = await self._check.zrange(group_keys.members(stream), 0, -1)
+                    self.ready |= {_s(m).split("~")[0] for m in members}
 
     async def chaos_loop(self, stop_at: float, followups: anyio.abc.TaskGroup) -> None:
         while True:
@@ -563,7 +643,7 @@ class Soak:
             if victim.stopped:
                 victim.stops.append((victim.stops.pop()[0], victim.end_ns))
             self._record_fault(kind, f"SIGKILL {victim.name} (pid {victim.worker.pid})")
-            followups.start_soon(self._replace, victim.name)
+            followups.start_soon(self._replace, victim.name, victim.group)
         elif kind == SIGSTOP:
             victim = self.rng.choice([p for p in self.running() if not p.stopped])
             duration = self.s.stop_duration_s(self.rng)
@@ -578,7 +658,7 @@ class Soak:
             victim.fate = TERMINATING
             self._record_fault(kind, f"SIGTERM {victim.name} (graceful stop)")
             followups.start_soon(self._terminate, victim)
-            followups.start_soon(self._replace, victim.name)
+            followups.start_soon(self._replace, victim.name, victim.group)
         elif kind == CONN_DROP:
             killed = await self._thread(self.store.drop_connections)
             self.dropped_connections += killed
@@ -594,6 +674,7 @@ class Soak:
                 self.gate.open()
                 self.server_fault_busy = False
                 raise
+            self.server_spans.append([now_ns(), 2**62])
             self._record_fault(kind, f"SIGKILL redis-server; restart from AOF in {down_s:.1f}s")
             followups.start_soon(self._restart_server, down_s)
         elif kind == PRIMARY_KILL:
@@ -613,6 +694,7 @@ class Soak:
                 self.gate.open()
                 self.server_fault_busy = False
                 raise
+            self.server_spans.append([now_ns(), 2**62])
             self._record_fault(kind, f"SIGKILL primary {victim_port} (replica {replica})")
             followups.start_soon(self._after_primary_kill, victim_port, replica)
         else:  # pragma: no cover - parse_args rejects unknown kinds
@@ -625,9 +707,9 @@ class Soak:
             self.infra_errors.append(f"{what}: {type(exc).__name__}: {exc}")
             self.say(f"{what} failed: {exc!r}")
 
-    async def _replace(self, name: str) -> None:
+    async def _replace(self, name: str, group: bool = False) -> None:
         async def go() -> None:
-            proc = await self.start_worker()
+            proc = await self.start_worker(group)
             self.say(f"started {proc.name} to replace {name}")
 
         await self._guard(f"starting a replacement for {name}", go)
@@ -666,6 +748,7 @@ class Soak:
         finally:
             self.gate.open()
             self.server_fault_busy = False
+            self._server_fault_over()
 
     async def _after_primary_kill(self, victim_port: int, replica: int) -> None:
         assert isinstance(self.store, ClusterStore)
@@ -689,6 +772,13 @@ class Soak:
             await self._guard(f"restarting node {victim_port}", restart)
         finally:
             self.server_fault_busy = False
+            self._server_fault_over()
+
+    def _server_fault_over(self) -> None:
+        """Close the open server-fault span: a session may have lapsed during it, so
+        it lasts one TTL past the recovery."""
+        if self.server_spans and self.server_spans[-1][1] == 2**62:
+            self.server_spans[-1][1] = now_ns() + int(self.s.lock_ttl_s * 1e9)
 
     # -- monitoring ------------------------------------------------------------------------
 
@@ -701,7 +791,7 @@ class Soak:
                     proc.end_ns = now_ns()
                     proc.problem = f"exited on its own with status {proc.worker.returncode}"
                     self.say(f"UNEXPECTED: {proc.name} {proc.problem}")
-                    await self._replace(proc.name)
+                    await self._replace(proc.name, proc.group)
             with anyio.move_on_after(2.0):
                 await self._poll_ready()
             await anyio.sleep(_MONITOR_S)
@@ -833,15 +923,18 @@ class Soak:
                 # After those reads: with no job left, no reject can be dead-lettered
                 # once this round found none.
                 rejects = await self.replay_round() if self.s.reject_rate > 0 else 0
+                group_done = queued == 0 and not locks and await self._group_drained()
                 if rejects != 0:
                     last = f"{queued} assignments queued, {len(locks)} locks held, " + (
                         "rejected dead letters unknown" if rejects < 0 else "replaying rejects"
                     )
-                elif queued == 0 and not locks:
+                elif queued == 0 and not locks and group_done:
                     self.drain_s = time.monotonic() - started
                     self.say(f"drained {self.drain_s:.1f}s after production stopped")
                     return
                 last = f"{queued} assignments queued, {len(locks)} locks held"
+                if queued == 0 and not locks and not group_done:
+                    last = f"shared group: {self._group_left}"
                 if time.monotonic() - started > _DRAIN_PATIENCE_S and await self._only_reruns():
                     self.drain_problem = (
                         f"not drained: the {queued} assignments still queued name streams "
@@ -854,6 +947,13 @@ class Soak:
             await anyio.sleep(0.5)
         self.drain_problem = f"not drained within {self.s.drain_timeout_s:g}s ({last})"
         self.say(self.drain_problem)
+
+    async def _group_drained(self) -> bool:
+        """The shared group's streams are delivered to the end, nothing pending."""
+        if self.group_fleet is None:
+            return True
+        self._group_left = await drained(self._check, self.group_service, self.group_streams)
+        return self._group_left is None
 
     async def _only_reruns(self) -> bool:
         """Every queued assignment names a job some worker already ended (by its stream
@@ -877,10 +977,9 @@ class Soak:
         live = [p for p in self.procs if p.fate == RUNNING]
         # A replacement may still be starting: SIGTERM before its handlers are installed
         # would end it with -15 rather than a graceful stop.
-        fleet = self.fleet
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:
-            if all(fleet.started(p.worker) or not p.worker.alive() for p in live):
+            if all(self.fleet_of(p).started(p.worker) or not p.worker.alive() for p in live):
                 break
             await anyio.sleep(0.1)
         for proc in live:
@@ -888,10 +987,18 @@ class Soak:
                 proc.fate = DIED
                 proc.end_ns = now_ns()
                 proc.problem = f"exited on its own with status {proc.worker.returncode}"
-            elif not fleet.started(proc.worker):
+            elif not self.fleet_of(proc).started(proc.worker):
                 proc.problem = "had not started 30 s after it was spawned"
         live = [p for p in live if p.fate == RUNNING]
-        stragglers = set(await self._thread(self.fleet.stop_all, 30.0))
+        stragglers: set[str] = set()
+
+        async def stop(fleet: WorkerFleet) -> None:
+            stragglers.update(await self._thread(fleet.stop_all, 30.0))
+
+        async with anyio.create_task_group() as tg:  # both fleets at once
+            for fleet in (self.fleet, self.group_fleet):
+                if fleet is not None:
+                    tg.start_soon(stop, fleet)
         end = now_ns()
         for proc in live:
             proc.fate = FINAL
@@ -951,6 +1058,18 @@ class Soak:
                     f"{', '.join(f'{k}: {v}' for k, v in by_consumer.items())}; "
                     f"ids {ids[0]} .. {ids[-1]}"
                 )
+        if self.group_producer is not None:
+            group_records = [r.decode() for r in await self._side.lrange(GROUP_EVENTS_KEY, 0, -1)]
+            self.records += group_records
+            group_state = await collect_groups(
+                c, self.group_service, self.group_streams, group_records
+            )
+            windows = Windows(
+                stops={p.name: p.stops for p in self.procs},
+                ends={p.name: p.end_ns for p in self.procs if p.end_ns is not None},
+                server_faults=[(a, b) for a, b in self.server_spans],
+            )
+            self.group_report = check_groups(self.group_producer.produced, group_state, windows)
         return State(
             history=history,
             dlq=[(_s(i), {_s(k): _s(v) for k, v in f.items()}) for i, f in dlq],
@@ -1328,7 +1447,7 @@ def build_report(soak: Soak, st: State) -> Report:
     calls = len(st.history.calls)
     statuses = Counter(c.status or "no exit" for c in st.history.calls)
     fates = Counter(p.fate for p in soak.procs)
-    modes = Counter(p.liveness for p in soak.procs)
+    modes = Counter(p.liveness for p in soak.procs if not p.group)
     log_errors = {p.name: _log_errors(p.worker) for p in soak.procs}
     error_lines = sum(len(v) for v in log_errors.values())
     entry_kinds = Counter(kinds.values())
@@ -1342,6 +1461,12 @@ def build_report(soak: Soak, st: State) -> Report:
         "cancelled" if ep.cancelled else "ended" for ep in st.history.episodes.values() if ep.ended
     )
     new_jobs = len({(r.stream, r.start_ns) for r in soak.replays if r.reassigned})
+    group = soak.group_report
+    if group is not None:
+        failures.extend(group.failures)
+        failed.extend(group.failed)
+        if group.failed:
+            relevant |= {p.name for p in soak.procs if p.group}
     passed = not failures
     reasons_text = ", ".join(f"{r}={n}" for r, n in sorted(written.items())) or "none"
     left_text = ", ".join(f"{r}={n}" for r, n in sorted(left.items())) or "none"
@@ -1359,7 +1484,7 @@ def build_report(soak: Soak, st: State) -> Report:
         _row(
             "workers",
             f"{len(soak.procs)} processes: LOCK {modes.get(LOCK_MODE, 0)}, SESSION "
-            f"{modes.get(SESSION_MODE, 0)} ("
+            f"{modes.get(SESSION_MODE, 0)}, GroupConsumer {sum(p.group for p in soak.procs)} ("
             + ", ".join(f"{fate} {n}" for fate, n in sorted(fates.items()))
             + f"); ERROR/Traceback log lines {error_lines}",
         )
@@ -1490,6 +1615,17 @@ def build_report(soak: Soak, st: State) -> Report:
             f"retention {len(no_retention)}",
         )
     )
+    if group is not None:
+        lines.extend(group.lines)
+        gp = soak.group_producer
+        if gp is not None and gp.errors:
+            lines.append(
+                _row(
+                    "group writes",
+                    f"errors {dict(gp.errors)}, confirmed after an error "
+                    f"{gp.confirmed_after_error}",
+                )
+            )
     if error_lines:
         lines.append("worker log errors (first of each worker):")
         for name, errs in log_errors.items():

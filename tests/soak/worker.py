@@ -43,7 +43,7 @@ from typing import Any, Final
 import anyio
 from redis.asyncio import Redis
 
-from streamjobs import DeadLetter, Message, StreamConsumer
+from streamjobs import DeadLetter, GroupConsumer, Message, StreamConsumer
 
 RECORD_URL_ENV: Final = "SOAK_RECORD_URL"
 EVENTS_KEY: Final = "soak:events"
@@ -190,3 +190,62 @@ class SoakWorker(StreamConsumer):
         await self._soak_push(
             record(CANCELLED, self.consumer_name, episode, stream, t_ns=time.time_ns(), status=text)
         )
+
+
+GROUP_EVENTS_KEY: Final = "soak:group_events"
+"""List on the side server: the group workers' records (``GroupSoakWorker``)."""
+
+
+def group_record(
+    kind: str, consumer: str, stream: str, entry_id: str, seq: str, t_ns: int, status: str = ""
+) -> str:
+    """One record of a group worker's ``handle()`` call::
+
+        kind|consumer|stream|entry_id|seq|unix_ns|status
+
+    ``kind`` is ``E`` (enter) or ``X`` (exit, with ``ok``, ``error`` or ``cancel``);
+    ``seq`` is the entry's ``seq`` field (the producer's number for it)."""
+    return f"{kind}|{consumer}|{stream}|{entry_id}|{seq}|{t_ns}|{status}"
+
+
+class GroupSoakWorker(GroupConsumer):
+    """The soak's shared-group worker (``streamjobs worker
+    tests.soak.worker:GroupSoakWorker --stream ...``): records every ``handle()`` call
+    on the side server, enter and exit, as :class:`SoakWorker` does. An entry's fields
+    drive it: ``work_ms`` is how long it works; ``poison=1`` always raises (it ends in
+    the dead-letter stream as ``handler_failed``); ``flaky=1`` raises on its first
+    attempt only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._soak_side = Redis.from_url(os.environ[RECORD_URL_ENV])
+
+    async def _soak_push(self, rec: str, *, handled: bool = False) -> None:
+        with anyio.CancelScope(shield=True):
+            if handled:
+                async with self._soak_side.pipeline(transaction=True) as pipe:
+                    pipe.rpush(GROUP_EVENTS_KEY, rec)
+                    pipe.incr(HANDLED_KEY)
+                    await pipe.execute()
+            else:
+                await self._soak_side.rpush(GROUP_EVENTS_KEY, rec)
+
+    async def handle(self, message: Message) -> None:
+        me, stream, entry_id = self.consumer_name, message.stream, message.id
+        fields = message.fields
+        seq = fields.get("seq", "")
+        await self._soak_push(group_record(ENTER, me, stream, entry_id, seq, time.time_ns()))
+        status = CANCEL
+        try:
+            await anyio.sleep(float(fields.get("work_ms", 10)) / 1000)
+            if fields.get("poison") == "1":
+                raise PoisonError(f"poison entry {entry_id}")
+            if fields.get("flaky") == "1" and message.attempt == 1:
+                raise FlakyError(f"flaky entry {entry_id}")
+            status = OK
+        except Exception:
+            status = ERROR
+            raise
+        finally:
+            rec = group_record(EXIT, me, stream, entry_id, seq, time.time_ns(), status)
+            await self._soak_push(rec, handled=status == OK)
