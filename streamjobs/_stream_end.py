@@ -272,7 +272,7 @@ class StreamEndings(StreamState):
             self._completed = True
         # The retention was set by the seal; only "delete at once" is left to do.
         released = await host.gateway.release(
-            self.stream, self.token, 0 if retention_ms == 0 else -1
+            self.stream, self.token, 0 if retention_ms == 0 else -1, ended=True
         )
         return self._completed or released
 

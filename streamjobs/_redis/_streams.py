@@ -424,10 +424,23 @@ class StreamCommands(CommandsBase):
         return int(r[0]) == 1, int(r[1]) == 1
 
     @channelled
-    async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
-        """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms)."""
+    async def release(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str] = (),
+        *,
+        ended: bool = False,
+    ) -> bool:
+        """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms).
+
+        ``ended``: the release after the seal of a finished job: every entry still
+        pending in the group is acked too (a contender whose acquisition failed read
+        past the end marker between the seal and now)."""
         r = await self.scripts.release(
-            keys=[self.keys.lock(stream), stream], args=[token, self.keys.group, keep_ms, *ack]
+            keys=[self.keys.lock(stream), stream],
+            args=[token, self.keys.group, keep_ms, "ended" if ended else "", *ack],
         )
         return int(r) == 1
 
@@ -444,10 +457,12 @@ class StreamCommands(CommandsBase):
         lock_cap_ms: int = 0,
     ) -> bool:
         """Fenced final acks and retention of a finishing stream; the lock stays held.
+        Every entry still pending in the group is acked too: the job is over, and a
+        contender whose acquisition failed may have read past its end marker.
 
-        ``cancelled``: the job ended early: also ack every entry still pending in the
-        group, move the group to the stream's end and mark ``job`` ended
-        (docs/design.md#job-identity). The cancel marker goes either way.
+        ``cancelled``: the job ended early: also move the group to the stream's end
+        and mark ``job`` ended early (docs/design.md#job-identity). The cancel marker
+        goes either way.
         ``lock_cap_ms`` > 0: the lock's TTL is set to that, so an owner that
         dies after completing the assignment leaves no long-lived lock
         (docs/design.md#sessions).

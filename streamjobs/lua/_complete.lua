@@ -3,20 +3,42 @@
 -- data stream's slot, the service's slot, the data stream's slot), and complete.lua
 -- runs all three at once where every key lives on one server.
 
--- The ended-job marker kind and the group state of a stream's seal are read first:
--- XINFO on a stream that is gone would fail, and a script is not rolled back.
-local function seal_reads(stream, group, cancel)
-  local has_group = false
-  if cancel and redis.call('EXISTS', stream) == 1 then
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-      for i = 1, #g, 2 do
-        if g[i] == 'name' and g[i + 1] == group then
-          has_group = true
-        end
+-- Whether the stream exists and has the group, read before any write: XINFO or
+-- XPENDING on a stream or group that is gone would fail, and a script is not rolled
+-- back.
+local function group_exists(stream, group)
+  if redis.call('EXISTS', stream) == 0 then
+    return false
+  end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' and g[i + 1] == group then
+        return true
       end
     end
   end
-  return has_group
+  return false
+end
+
+local function seal_reads(stream, group, cancel)
+  return group_exists(stream, group)
+end
+
+-- Ack every entry still pending in the group: the job is over, and what is pending
+-- now was delivered and will never be handled (after a cancel, or read past the end
+-- marker by a consumer whose acquisition failed while the owner held the lock).
+local function ack_pending(stream, group)
+  while true do
+    local page = redis.call('XPENDING', stream, group, '-', '+', 1000)
+    if #page == 0 then
+      return
+    end
+    local ids = {}
+    for i = 1, #page do
+      ids[i] = page[i][1]
+    end
+    redis.call('XACK', stream, group, unpack(ids))
+  end
 end
 
 -- Acks, the skip after a cancel, the ended-job marker, the cancel marker's removal,
@@ -26,19 +48,9 @@ local function seal_writes(lock, stream, cancel_key, ended, group, keep, cancel,
   if #acks > 0 then
     redis.call('XACK', stream, group, unpack(acks))
   end
-  if cancel then
-    while has_group do
-      local page = redis.call('XPENDING', stream, group, '-', '+', 1000)
-      if #page == 0 then
-        break
-      end
-      local ids = {}
-      for i = 1, #page do
-        ids[i] = page[i][1]
-      end
-      redis.call('XACK', stream, group, unpack(ids))
-    end
-    if has_group then  -- what was never read is skipped: a later job starts after it
+  if has_group then
+    ack_pending(stream, group)
+    if cancel then  -- what was never read is skipped: a later job starts after it
       redis.call('XGROUP', 'SETID', stream, group, '$')
     end
   end
@@ -89,9 +101,15 @@ local function finish_writes(lbs, leases, active, group, id, name, indexed)
 end
 
 -- Unlock (the token was checked by the caller) and apply "delete at once".
-local function release_writes(lock, stream, group, keep, acks)
+-- drain: the job ended (a release after the seal): ack what is still pending, since
+-- a contender may have read past the end marker between the seal and this release
+-- (has_group, read by the caller first, says the group exists).
+local function release_writes(lock, stream, group, keep, acks, drain)
   if #acks > 0 then
     redis.call('XACK', stream, group, unpack(acks))
+  end
+  if drain then
+    ack_pending(stream, group)
   end
   redis.call('DEL', lock)
   if keep == 0 then

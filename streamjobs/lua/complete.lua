@@ -34,5 +34,5 @@ local keep = tonumber(ARGV[3])
 seal_writes(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], keep, cancel, has_group,
   ARGV[5], ARGV[6], 0, {unpack(ARGV, 10)})
 local finished = finish_writes(KEYS[5], KEYS[6], KEYS[7], ARGV[7], ARGV[8], name, indexed)
-release_writes(KEYS[1], KEYS[2], ARGV[2], keep == 0 and 0 or -1, {})
+release_writes(KEYS[1], KEYS[2], ARGV[2], keep == 0 and 0 or -1, {}, false)
 return {1, finished}

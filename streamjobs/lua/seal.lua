@@ -12,9 +12,10 @@
 -- ARGV[2]  consumer group name
 -- ARGV[3]  retention, milliseconds: >0 PEXPIRE; 0 or -1 leave the TTL alone (a
 --          stream to delete is deleted by the release, once the assignment is done)
--- ARGV[4]  'cancel' when the stream was cancelled: every entry still pending in the
---          group is acked too (delivered, never to be handled) and the group moves past
---          every entry not yet read; '' otherwise. The cancel marker goes either way: a
+-- ARGV[4]  'cancel' when the stream was cancelled: the group moves past every entry
+--          not yet read; '' otherwise. Either way every entry still pending in the
+--          group is acked (delivered, never to be handled: after a cancel, or read past
+--          the end marker by a contender whose acquisition failed). The cancel marker goes either way: a
 --          cancel that came after the stream's own end marker was read is moot.
 -- The ended-job marker is set either way, for ARGV[6] ms: 'e <job>' after a cancel
 -- or an early finish ('cancel'), 'n <job>' after the end marker. What is appended to

@@ -966,14 +966,25 @@ class FakeGateway:
                 await self._data_changed.current().wait()
         await self._leave("wait_for_entries")
 
-    async def release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str] = ()) -> bool:
-        """release.lua: token check; XACK ``ack``; DEL the lock; retention of the stream."""
+    async def release(
+        self,
+        stream: str,
+        token: str,
+        keep_ms: int,
+        ack: Sequence[str] = (),
+        *,
+        ended: bool = False,
+    ) -> bool:
+        """release.lua: token check; XACK ``ack`` (everything pending if ``ended``); DEL
+        the lock; retention of the stream."""
         await self._enter("release", stream, token, keep_ms, tuple(ack))
-        released = self._release(stream, token, keep_ms, ack)
+        released = self._release(stream, token, keep_ms, ack, ended)
         await self._leave("release")
         return released
 
-    def _release(self, stream: str, token: str, keep_ms: int, ack: Sequence[str]) -> bool:
+    def _release(
+        self, stream: str, token: str, keep_ms: int, ack: Sequence[str], ended: bool = False
+    ) -> bool:
         key = self.keys.lock(stream)
         lock = self._live_lock(key)
         released = lock is not None and lock.token == token
@@ -982,6 +993,8 @@ class FakeGateway:
             if s is not None and s.group is not None:
                 for entry_id in ack:
                     s.group.pel.pop(entry_id, None)
+                if ended:
+                    s.group.pel.clear()
             del self._locks[key]
             if keep_ms == 0:
                 self._data.pop(stream, None)
@@ -1047,8 +1060,8 @@ class FakeGateway:
             if s is not None and s.group is not None:
                 for entry_id in ack:
                     s.group.pel.pop(entry_id, None)
-                if cancelled:  # skip the rest of the job: XACK all, XGROUP SETID $
-                    s.group.pel.clear()
+                s.group.pel.clear()  # the job is over: nothing pending is ever handled
+                if cancelled:  # skip the rest of the job: XGROUP SETID $
                     s.group.last_delivered = s.last_id
             if job:
                 self.ended[stream] = ("e" if cancelled else "n", job)

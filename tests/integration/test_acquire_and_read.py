@@ -10,6 +10,7 @@ import pytest
 
 from streamjobs._keys import Keys
 from streamjobs._redis import ACQUIRED, ACQUIRED_ENDED, NOT_ACQUIRED, Gateway
+from streamjobs._wire import EOS_FIELD, EOS_VALUE
 
 pytestmark = pytest.mark.anyio
 
@@ -114,6 +115,43 @@ async def test_an_early_ended_job_leaves_nothing_pending(
     taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job-1", "c1", 10)
 
     assert (taken, first) == (ACQUIRED_ENDED, None)
+    assert await _pending_of(redis, stream, gw.keys.group) == {}
+
+
+@pytest.mark.parametrize("path", ["complete", "seal_then_release"])
+async def test_entries_a_contender_read_past_the_end_are_not_left_pending(
+    redis: Any, service: str, uid: str, path: str
+) -> None:
+    """A contender whose acquisition fails while the owner ends the job still read the
+    entries after the end marker (they belong to the ended job, never to be handled),
+    and they are pending with it. Completing the job acknowledges every entry still
+    pending: in one script (a standalone server), and on a cluster in the seal and
+    again in the release, since a contender can read between the two."""
+    if path == "complete" and hasattr(redis, "get_node_from_key"):
+        pytest.skip("complete.lua needs every key on one server")
+    gw = Gateway(redis, Keys(service))
+    await gw.load_scripts()
+    stream = f"data:{uid}"
+    handled = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(2)]
+    handled.append((await redis.xadd(stream, {EOS_FIELD: EOS_VALUE})).decode())
+    assert await gw.acquire(stream, "owner:1", 5000)
+    read = await gw.fenced_read(stream, "owner:1", "owner", 10, [])
+    assert [i for i, _ in read.entries] == handled
+    await redis.xadd(stream, {"n": "tail"})
+    taken, _ = await gw.acquire_and_read(stream, "rival:1", 5000, "job", "rival", 10)
+    assert taken == NOT_ACQUIRED
+    assert await _pending_of(redis, stream, gw.keys.group) == {"owner": 3, "rival": 1}
+
+    if path == "complete":
+        sealed, _ = await gw.complete(stream, "owner:1", -1, "0-1", handled, job="job")
+        assert sealed
+    else:
+        assert await gw.seal(stream, "owner:1", -1, handled, job="job")
+        assert await _pending_of(redis, stream, gw.keys.group) == {}
+        await redis.xadd(stream, {"n": "tail 2"})  # a contender between seal and release
+        taken, _ = await gw.acquire_and_read(stream, "rival:2", 5000, "job", "rival", 10)
+        assert taken == NOT_ACQUIRED
+        assert await gw.release(stream, "owner:1", -1, ended=True)
     assert await _pending_of(redis, stream, gw.keys.group) == {}
 
 
