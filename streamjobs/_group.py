@@ -820,14 +820,16 @@ class GroupRuntime:
 
     async def _trim_loop(self) -> None:
         """Trim each stream below what every group acknowledged, and to the caps
-        (``GroupRetention``; ``group_trim.lua``). Each consumer of the service does it:
-        a pass that finds nothing to trim costs a few reads."""
+        (``GroupRetention``; ``group_trim.lua``). Every consumer of the service tries,
+        and the first one in an interval does it: the others find its pace key
+        (``Keys.trimmed``, three quarters of the interval) and skip the pass."""
         r = self.retention
         args = [
             "1" if r.trim_acknowledged else "0",
             r.max_len or 0,
             0 if r.max_age_s is None else int(r.max_age_s * 1000),
             r.batch,
+            max(1, int(r.interval_s * 750)),
         ]
         while True:
             await anyio.sleep(r.interval_s * random.uniform(0.75, 1.25))
@@ -839,7 +841,9 @@ class GroupRuntime:
                     _log_failure(f"group stream {lane.stream!r}: trimming", exc, 0)
 
     async def _trim(self, lane: Lane, args: Sequence[Any]) -> None:
-        reply = await self.gateway.scripts.group_trim(keys=[lane.stream], args=args)
+        reply = await self.gateway.scripts.group_trim(
+            keys=[lane.stream, self.gateway.keys.trimmed(lane.stream)], args=args
+        )
         acknowledged, dropped = int(reply[0]), int(reply[1])
         if acknowledged or dropped:
             self.metrics.stream_trimmed(self.service, acknowledged, dropped)

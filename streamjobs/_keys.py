@@ -244,6 +244,20 @@ class Keys:
             return f"{self.prefix}:members:t:{self.service}:{stream}"
         return f"{self.prefix}:members:{self.service}:{{{stream}}}"
 
+    def trimmed(self, stream: str) -> str:
+        """String with a TTL: a ``GroupConsumer`` of this service trimmed ``stream``
+        lately, and the others skip their pass until it expires, so a stream is trimmed
+        about once per ``GroupRetention.interval_s`` however many consumers read it
+        (docs/shared-groups.md#retention); same cluster slot as ``stream``.
+
+        Raises:
+            InvalidStreamName: no co-located key exists for this name.
+        """
+        check_stream_name(stream)
+        if hash_tag(stream) is not None:
+            return f"{self.prefix}:trimmed:t:{self.service}:{stream}"
+        return f"{self.prefix}:trimmed:{self.service}:{{{stream}}}"
+
     def starts(self, stream: str) -> str:
         """Hash: entry id -> how often a ``GroupConsumer`` of this service began handling
         that entry of ``stream`` again after a consumer died or stopped without

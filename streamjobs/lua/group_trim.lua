@@ -1,19 +1,27 @@
 -- group_trim.lua: trim a stream read by consumer groups (docs/shared-groups.md#retention).
 -- KEYS[1]  the data stream
+-- KEYS[2]  the service's pace key of the stream (Keys.trimmed, same slot): while it
+--          exists another consumer of the service trimmed lately, and this pass is
+--          skipped
 -- ARGV[1]  trim what every group has acknowledged: '1' yes, '0' no
 -- ARGV[2]  cap on length (0: none)
 -- ARGV[3]  cap on age, milliseconds (0: none)
 -- ARGV[4]  the most entries one XTRIM may remove (LIMIT: paces a long backlog)
--- Returns {acknowledged, dropped}: entries removed below the floor (every group had
--- acknowledged them), and entries removed by a cap at or above the floor (some of them
--- may have been acknowledged too: never fewer than the unacknowledged ones dropped).
+-- ARGV[5]  the pace key's lifetime, milliseconds
+-- Returns {acknowledged, dropped, done}: entries removed below the floor (every group
+-- had acknowledged them), entries removed by a cap at or above the floor (some of them
+-- may have been acknowledged too: never fewer than the unacknowledged ones dropped),
+-- and 1 if the pass ran, 0 if it was skipped. Every read that can fail comes first.
 --
 -- The floor is the lowest, over every group of the stream, of its oldest pending entry
 -- or (nothing pending) its last-delivered id: each entry below it was delivered to
 -- every group and is pending in none. Trimming is approximate (~): whole nodes of the
 -- stream below the threshold only, never an entry at or above it.
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {0, 0, 0}
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {0, 0}
+  return {0, 0, 1}
 end
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -45,8 +53,9 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   end
 end
 if floor == nil then
-  return {0, 0}  -- no group: nothing is known to be acknowledged
+  return {0, 0, 1}  -- no group: nothing is known to be acknowledged
 end
+redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[5]))
 local limit = tonumber(ARGV[4])
 local acknowledged = 0
 if ARGV[1] == '1' then
@@ -66,4 +75,4 @@ local max_len = tonumber(ARGV[2])
 if max_len > 0 and redis.call('XLEN', KEYS[1]) > max_len then
   dropped = dropped + redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', max_len, 'LIMIT', limit)
 end
-return {acknowledged, dropped}
+return {acknowledged, dropped, 1}

@@ -404,6 +404,35 @@ async def test_a_retention_cap_counts_what_it_drops(redis: Any, service: str, ui
     assert trims.dropped == 600 - left
 
 
+async def test_one_consumer_of_a_service_trims_a_stream_per_interval(
+    redis: Any, service: str, uid: str
+) -> None:
+    """The first trim pass of an interval leaves a pace key in the stream's slot; the
+    other consumers' passes find it and skip (one pass per interval, not one per
+    consumer) until it expires."""
+    stream = f"g:{uid}"
+    for i in range(600):
+        await redis.xadd(stream, {"n": str(i)})
+    await redis.xgroup_create(stream, service, id="$")  # every entry acknowledged
+    gw = group_runtime_of(make(redis, service, [stream], "c0")).gateway
+    await gw.load_scripts()
+    keys, args = [stream, gw.keys.trimmed(stream)], ["1", 0, 0, 10_000, 60_000]
+
+    first = [int(x) for x in await gw.scripts.group_trim(keys=keys, args=args)]
+    assert first[0] > 0
+    assert first[1:] == [0, 1]
+    assert 0 < int(await redis.pttl(keys[1])) <= 60_000
+    for i in range(300):
+        await redis.xadd(stream, {"n": f"more {i}"})
+    await redis.xgroup_setid(stream, service, "$")
+    skipped = [int(x) for x in await gw.scripts.group_trim(keys=keys, args=args)]
+    assert skipped == [0, 0, 0]
+    await redis.delete(keys[1])  # the interval is over
+    again = [int(x) for x in await gw.scripts.group_trim(keys=keys, args=args)]
+    assert again[0] > 0
+    assert again[2] == 1
+
+
 async def test_bad_retention_names_its_field() -> None:
     with pytest.raises(ConfigurationError, match="max_len"):
         GroupRetention(max_len=0)
