@@ -112,6 +112,8 @@ class Lane:
         self.joined = anyio.Event()
         self.registered = False
         """The stream is in the service's list of group streams (``Keys.group_streams``)."""
+        self.orphans: list[str] = []
+        """Members of joins whose reply was lost: they may be alive on the server."""
         self._read_scope: anyio.CancelScope | None = None
         self._handle_scope: anyio.CancelScope | None = None
         self._pause_scope: anyio.CancelScope | None = None
@@ -135,10 +137,12 @@ class Lane:
             return False
         return True
 
-    def lose(self, why: str) -> None:
+    def lose(self, why: str, member: str | None = None) -> None:
         """The member is dead: hand nothing more to ``handle()``, acknowledge nothing,
-        and join again under a new incarnation."""
-        if self.dead:
+        and join again under a new incarnation. ``member``: the member a reply was
+        about; a reply about an earlier incarnation (the lane joined again while the
+        call was out) says nothing of the current one."""
+        if self.dead or (member is not None and member != self.member):
             return
         self.dead = True
         self.to_ack.clear()
@@ -185,6 +189,8 @@ class Lane:
                 try:
                     if self.dead:
                         await self._join()
+                    elif not self.registered or self.orphans:
+                        await self._settle_joining()
                     await self._step()
                     backoff.reset()
                 except Exception as exc:
@@ -206,14 +212,16 @@ class Lane:
         rt = self.rt
         member = f"{rt.name}~{secrets.token_hex(4)}"
         sent = time.monotonic()
-        await rt.gateway.scripts.group_join(
-            keys=[self.stream, self.members],
-            args=[rt.group, member, rt.ttl_ms, rt.start_id],
-        )
-        if not self.registered:
-            async with rt.gateway._slot():
-                await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
-            self.registered = True
+        try:
+            await rt.gateway.scripts.group_join(
+                keys=[self.stream, self.members],
+                args=[rt.group, member, rt.ttl_ms, rt.start_id],
+            )
+        except Exception:
+            # The server may have joined it and the reply been lost: a live member
+            # nobody renews. It is made to leave once Redis answers again.
+            self.orphans.append(member)
+            raise
         self.member = member
         self.alive_until = sent + rt.ttl_s
         self.dead = False
@@ -221,16 +229,34 @@ class Lane:
         self.to_ack.clear()
         self.joined.set()
         log.debug("group %r stream %r: joined as %s", rt.service, self.stream, member)
+        await self._settle_joining()
+
+    async def _settle_joining(self) -> None:
+        """What a join leaves to do, each retried until done: list the stream among
+        the service's group streams (``streamjobs status`` finds it there), and make
+        the members of joins whose reply was lost leave."""
+        rt = self.rt
+        if not self.registered:
+            async with rt.gateway._slot():
+                await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
+            self.registered = True
+        while self.orphans:
+            await rt.gateway.scripts.group_leave(
+                keys=[self.stream, self.members], args=[rt.group, self.orphans[0]]
+            )
+            del self.orphans[0]
 
     async def _leave(self) -> None:
-        if not self.member:
+        members = [*self.orphans, *([self.member] if self.member else [])]
+        if not members:
             return
         try:
             if not self.dead:
                 await self._flush()
-            await self.rt.gateway.scripts.group_leave(
-                keys=[self.stream, self.members], args=[self.rt.group, self.member]
-            )
+            for member in members:
+                await self.rt.gateway.scripts.group_leave(
+                    keys=[self.stream, self.members], args=[self.rt.group, member]
+                )
         except Exception as exc:
             log.warning(
                 "group %r stream %r: leaving failed (%s): its pending entries are "
@@ -806,17 +832,17 @@ class GroupRuntime:
         batches = [[lane] for lane in lanes] if self.cluster else [lanes]
         for batch in batches:
             sent = time.monotonic()
+            members = [lane.member for lane in batch]
             replies = await self.gateway.scripts.group_beat(
-                keys=[lane.members for lane in batch],
-                args=[self.ttl_ms, *(lane.member for lane in batch)],
+                keys=[lane.members for lane in batch], args=[self.ttl_ms, *members]
             )
-            for lane, ok in zip(batch, replies, strict=True):
-                if lane.dead:
-                    continue
+            for lane, member, ok in zip(batch, members, replies, strict=True):
+                if lane.dead or lane.member != member:
+                    continue  # (joined again meanwhile: the reply is about the old one)
                 if int(ok) == 1:
                     lane.alive_until = sent + self.ttl_s
                 else:
-                    lane.lose("its session expired")
+                    lane.lose("its session expired", member)
 
     async def _trim_loop(self) -> None:
         """Trim each stream below what every group acknowledged, and to the caps
@@ -877,11 +903,12 @@ class GroupRuntime:
     async def _reclaim(self, lane: Lane) -> None:
         """``group_reclaim.lua`` on one lane's stream: claim what dead or stopped
         members (and, after ``min_idle_s``, names without a session) hold."""
+        member = lane.member
         r = await self.gateway.scripts.group_reclaim(
             keys=[lane.stream, lane.members],
             args=[
                 self.group,
-                lane.member,
+                member,
                 self.config.read_batch_size,
                 int(self.recovery.min_idle_s * 1000),
                 int(FORGET_AFTER_S * 1000),
@@ -890,7 +917,7 @@ class GroupRuntime:
         self.tally.reclaim_pass()
         code = int(r[0])
         if code == -1:
-            lane.lose("its session expired (seen by the reclaim pass)")
+            lane.lose("its session expired (seen by the reclaim pass)", member)
         elif code == 1 and r[1]:
             self.metrics.entries_reclaimed(self.service, len(r[1]))
             log.info(

@@ -277,6 +277,27 @@ async def test_a_dead_member_acknowledges_nothing_and_joins_again(
     assert stats.scan_passes > 0
 
 
+async def test_a_reply_about_an_earlier_member_does_not_end_the_current_one(
+    redis: Any, service: str, uid: str
+) -> None:
+    """A heartbeat or reclaim pass sent for a member that died, answered after the
+    lane joined again: "dead" is about the old member, not the new one (the soak
+    found a fresh member thrown away so, left alive on the server for a TTL)."""
+    stream = f"g:{uid}"
+    consumer = make(redis, service, [stream], "c0")
+    async with running(consumer):
+        lane = group_runtime_of(consumer).lanes[0]
+        old = lane.member
+        lane.lose("made dead by the test")
+        await eventually(lambda: _async(lane.member != old and not lane.dead))
+        current = lane.member
+        lane.lose("a stale reply", old)
+        assert not lane.dead
+        assert lane.member == current
+        await redis.xadd(stream, {"n": "0"})
+        await eventually(lambda: _async(len(consumer.seen) == 1))
+
+
 async def _pending_under(redis: Any, stream: str, group: str, member: str) -> bool:
     found = await redis.xpending_range(stream, group, "-", "+", 10, consumername=member)
     return bool(found)

@@ -3,9 +3,9 @@
 read, the restart counter, the heartbeat, the reclaim pass, trimming, the dead-letter
 write and leaving. Each step fails its first two calls, either before the command reaches the
 server or after the server applied it (the reply lost). Two consumers share a stream
-with a poison entry, and one of them stops half-way, so that the other reclaims what
-it held. After each: every entry handled, the poison entry dead-lettered exactly
-once, nothing pending, no restart counter left."""
+with a poison entry; the session of one of them ends while it holds a batch, so that
+the other reclaims it, and then it stops. After each: every entry handled, the poison
+entry dead-lettered exactly once, nothing pending, no restart counter left."""
 
 from __future__ import annotations
 
@@ -78,11 +78,19 @@ class _Script:
 
 
 class Worker(GroupConsumer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    """``hold``: the first call waits for ``release``, so the consumer holds its batch."""
+
+    def __init__(self, *args: Any, hold: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.handled: list[str] = []
+        self.hold = hold
+        self.holding = anyio.Event()
+        self.release = anyio.Event()
 
     async def handle(self, message: Message) -> None:
+        if self.hold and not self.holding.is_set():
+            self.holding.set()
+            await self.release.wait()
         if message.fields.get("poison"):
             raise ValueError("poison")
         await anyio.sleep(0.005)
@@ -113,9 +121,10 @@ async def test_a_failing_call_at_each_step_loses_nothing(
         handler_backoff_s=0.01,
     )
 
-    def make(name: str) -> Worker:
+    def make(name: str, hold: bool = False) -> Worker:
         return Worker(
             redis,
+            hold=hold,
             service=service,
             streams=[stream],
             consumer_name=name,
@@ -125,16 +134,12 @@ async def test_a_failing_call_at_each_step_loses_nothing(
             retention=GroupRetention(interval_s=0.2),
         )
 
-    first, second = make("c0"), make("c1")
+    first, second = make("c0"), make("c1", hold=True)
     inject(first, step, faults)
     inject(second, step, faults)
     if step in CLIENT:  # the shared client: its calls from either consumer fail
         monkeypatch.setattr(redis, step, faults.wrap(getattr(redis, step)))
-    ids = []
-    for i in range(ENTRIES):
-        fields = {"n": str(i), **({"poison": "1"} if i == POISON else {})}
-        ids.append((await redis.xadd(stream, fields)).decode())
-    good = {entry_id for i, entry_id in enumerate(ids) if i != POISON}
+    ids: list[str] = []
 
     def handled() -> set[str]:
         return {*first.handled, *second.handled}
@@ -142,9 +147,21 @@ async def test_a_failing_call_at_each_step_loses_nothing(
     async with anyio.create_task_group() as tg:
         await tg.start(first.run)
         await tg.start(second.run)
-        await eventually(lambda: _true(len(handled()) >= ENTRIES // 3), timeout_s=20)
-        # A graceful stop mid-stream: what it read and did not handle is claimed at once
-        # by the other (a history read, the restart counter).
+        while len(ids) < ENTRIES:  # until the second consumer holds a batch
+            for i in range(len(ids), len(ids) + 5):
+                fields = {"n": str(i), **({"poison": "1"} if i == POISON else {})}
+                ids.append((await redis.xadd(stream, fields)).decode())
+            with anyio.move_on_after(0.1):
+                await second.holding.wait()
+        assert second.holding.is_set(), "the second consumer never got a batch"
+        # Its session ends on the server while it holds the batch: the first consumer
+        # reclaims the batch (a history read, the restart counter of each entry).
+        member = group_runtime_of(second).lanes[0].member
+        await redis.zadd(keys.members(stream), {member: 1})
+        good = {entry_id for i, entry_id in enumerate(ids) if i != POISON}
+        await eventually(lambda: _true(handled() >= good), timeout_s=30)
+        second.release.set()  # its call returns; its acknowledgement is refused
+        # A graceful stop (leaving): what it read again and did not handle goes at once.
         await second.aclose()
         for i in range(ENTRIES, ENTRIES + 10):
             ids.append((await redis.xadd(stream, {"n": str(i)})).decode())
@@ -162,6 +179,11 @@ async def test_a_failing_call_at_each_step_loses_nothing(
     assert handled() >= good
     assert (await redis.xpending(stream, service))["pending"] == 0
     assert not await redis.exists(keys.starts(stream))
+    if step != "group_leave":  # (a failed leave leaves a member alive for its TTL)
+        seconds, micros = await redis.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        members = await redis.zrange(keys.members(stream), 0, -1, withscores=True)
+        assert [m for m, score in members if score > now_ms] == [], "a member left alive"
 
 
 async def _settled(redis: Any, stream: str, group: str) -> bool:
