@@ -114,7 +114,6 @@ class Lane:
         """The stream is in the service's list of group streams (``Keys.group_streams``)."""
         self.orphans: list[str] = []
         """Members of joins whose reply was lost: they may be alive on the server."""
-        self._read_scope: anyio.CancelScope | None = None
         self._handle_scope: anyio.CancelScope | None = None
         self._pause_scope: anyio.CancelScope | None = None
         self._idle_wake: asyncio.Future[None] | None = None
@@ -173,9 +172,8 @@ class Lane:
             )
 
     def _wake(self) -> None:
-        for scope in (self._read_scope, self._pause_scope):
-            if scope is not None:
-                scope.cancel()
+        if self._pause_scope is not None:
+            self._pause_scope.cancel()
         idle = self._idle_wake
         if idle is not None and not idle.done():
             idle.set_result(None)
@@ -290,25 +288,15 @@ class Lane:
         del ids[:]
         self.last_flush = time.perf_counter()
 
-    async def _read(self, position: str, block_ms: int | None) -> list[tuple[str, Any]]:
+    async def _history(self) -> list[tuple[str, Any]]:
+        """The entries pending under our own member (``XREADGROUP ... 0``), on the
+        command channel, by the stream's slot."""
         rt = self.rt
-        command: tuple[Any, ...] = (
+        reply = await rt.gateway._command(
+            self.stream,
             "XREADGROUP", "GROUP", rt.group, self.member, "COUNT", rt.config.read_batch_size,
+            "STREAMS", self.stream, "0",
         )  # fmt: skip
-        if block_ms is not None:
-            command += ("BLOCK", block_ms)
-        command += ("STREAMS", self.stream, position)
-        if block_ms is None:  # a history read: on the command channel
-            reply = await rt.gateway._command(self.stream, *command)
-        elif rt.cluster:
-            # A blocking read (the primary refused the keyspace flags) holds a
-            # connection of its own, sent by the stream's slot: redis-py's own routing
-            # of XREADGROUP asks one fixed node for the command's keys (COMMAND
-            # GETKEYS), and fails for as long as that node is down.
-            node = rt.client.get_node_from_key(self.stream)
-            reply = await rt.client.execute_command(*command, target_nodes=node)
-        else:
-            reply = await rt.client.execute_command(*command)
         rt.gateway.last_ok = time.monotonic()
         return _read_entries(reply, rt.raw)
 
@@ -368,7 +356,14 @@ class Lane:
         try:
             if self.stopping or self.dead or self.history:
                 return
-            timeout_s = waiter.idle_timeout_s(self.stream, self.rt.config.read_block_ms / 1000)
+            block_s = self.rt.config.read_block_ms / 1000
+            if not waiter.usable:
+                # A cluster primary refused the keyspace flags: no event will come,
+                # so the stream reads again every read_block_ms (no connection of its
+                # own per idle stream: the pool stays bounded).
+                await asyncio.wait({self._idle_wake}, timeout=block_s)
+                return
+            timeout_s = waiter.idle_timeout_s(self.stream, block_s)
             await waiter.wait(self.stream, newest, timeout_s, self._idle_wake)
         finally:
             self._idle_wake = None
@@ -378,31 +373,17 @@ class Lane:
             return
         if self.history:
             await self._flush()
-            entries = await self._read("0", None)
+            entries = await self._history()
             if not entries:
                 self.history = False
                 return
             redelivered = True
-        elif self.rt.waiter.usable:
+        else:
             entries, newest = await self._ack_and_read()
             if self.dead:
                 return
             if not entries:
                 await self._idle(newest)
-                return
-            redelivered = False
-        else:
-            await self._flush()
-            with anyio.CancelScope() as scope:
-                self._read_scope = scope
-                try:
-                    entries = await self._read(">", self.rt.config.read_block_ms)
-                finally:
-                    self._read_scope = None
-            if scope.cancelled_caught:
-                # Woken (a claim, a loss, a stop): whatever the read delivered is
-                # pending under our member; read it from our history.
-                self.history = True
                 return
             redelivered = False
         with anyio.CancelScope() as scope:
@@ -435,7 +416,8 @@ class Lane:
                     continue
                 restarts = 0
                 if redelivered:
-                    restarts = int(await rt.client.hincrby(self.starts, entry_id, 1))
+                    async with rt.gateway._slot():
+                        restarts = int(await rt.client.hincrby(self.starts, entry_id, 1))
                     if restarts > rt.recovery.max_retries:
                         if not await self._crash_loop(entry_id, fields, restarts):
                             return
@@ -644,8 +626,8 @@ class GroupRuntime:
         self.lanes: list[Lane] = []
         # The shared idle wait, as for StreamConsumer: one blocking read for every idle
         # stream (per 1,250 of them) on a standalone server; on a cluster, keyspace
-        # events on one subscription per primary. Where neither can serve (a primary
-        # refusing the flags), each stream blocks on a read of its own.
+        # events on one subscription per primary. Where that cannot serve (a primary
+        # refusing the flags), idle streams read again every read_block_ms.
         self.waiter: Waiter | ClusterWaiter = (
             ClusterWaiter(
                 client,

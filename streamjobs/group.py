@@ -55,24 +55,31 @@ def _field_type(cls: type) -> type[str] | type[bytes] | None:
     return None
 
 
-def _check_pool(redis: Any, streams: int, cluster: bool) -> None:
-    """On a standalone server the idle streams share one blocking read per 1,250 of
-    them. On a cluster they wait on keyspace events, but where a primary refuses the
-    flags each idle stream blocks on a connection of its own, so the pool must allow
-    that (as for ``StreamConsumer``). The reads and scripts of streams with entries
-    need a few more."""
+def _check_pool(redis: Any, config: ConsumerConfig, streams: int, cluster: bool) -> None:
+    """The client's pool must hold the consumer's command slots (``redis_concurrency``),
+    the command channel's connection, and on a standalone server one shared blocking
+    read per 1,250 idle streams. On a cluster idle streams wait on keyspace
+    subscriptions, whose connections are not the pool's: a cluster client's default
+    pool (100 per node) serves any number of streams. A smaller pool runs out under
+    load (``MaxConnectionsError``)."""
     pool = getattr(redis, "connection_pool", None)
     limit = getattr(pool, "max_connections", None)
     if limit is None:
         limit = (getattr(redis, "connection_kwargs", None) or {}).get("max_connections")
-    needed = streams + 2 if cluster else shard_count(streams) + 3
-    if isinstance(limit, int) and limit < needed:
-        raise ConfigurationError(
-            "streams",
-            f"reading {streams} streams needs {needed} connections, but the client's "
-            f"pool allows {limit}: create the client with max_connections>={needed}, or "
-            "read fewer streams",
-        )
+    shards = 0 if cluster else shard_count(streams)
+    needed = config.redis_concurrency + shards + 2
+    if not isinstance(limit, int) or limit >= needed:
+        return
+    waits = f" and {shards} shared blocking reads for {streams} streams" if shards else ""
+    field = "streams" if shards > 1 and limit >= needed - shards + 1 else "redis_concurrency"
+    raise ConfigurationError(
+        field,
+        f"the consumer needs {needed} connections (redis_concurrency="
+        f"{config.redis_concurrency} command slots, the command channel's, one spare"
+        f"{waits}), but the client's pool allows {limit}: create the client with "
+        f"max_connections>={needed}, or lower redis_concurrency"
+        + (", or read fewer streams" if field == "streams" else ""),
+    )
 
 
 class GroupConsumer(abc.ABC, Generic[F]):
@@ -165,7 +172,7 @@ class GroupConsumer(abc.ABC, Generic[F]):
             keys.check_data_stream(stream)
         if recovery.dlq_stream is not None:
             keys.check_dlq_name(recovery.dlq_stream)
-        _check_pool(redis, len(chosen), cluster_mode is not ClusterMode.NONE)
+        _check_pool(redis, config, len(chosen), cluster_mode is not ClusterMode.NONE)
         name = consumer_name or _default_consumer_name()
         if not name or any(c.isspace() for c in name):
             raise ConfigurationError("consumer_name", "must be non-empty, without whitespace")

@@ -11,7 +11,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from redis.asyncio.cluster import RedisCluster
+from redis import Redis as SyncRedis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from streamjobs import ClusterMode, ConsumerConfig, GroupConsumer, Message, RecoveryConfig
 from streamjobs._cluster_waiter import ClusterWaiter
@@ -133,6 +134,53 @@ async def test_idle_group_streams_share_one_subscription_per_primary(
                 await eventually(handled, timeout_s=5)
     for stream in streams[::7]:
         assert (await rc.xpending(stream, service))["pending"] == 0, stream
+
+
+async def test_idle_group_streams_poll_where_the_keyspace_flags_are_refused(
+    fresh_cluster: LocalCluster, service: str, uid: str
+) -> None:
+    """A consumer whose ACL user may not run CONFIG (a managed cluster): it cannot set
+    the keyspace flags, so no event will come, and idle streams read again every
+    read_block_ms, with no blocking read (and no connection) of their own."""
+    for _, port in fresh_cluster.startup_nodes:
+        with SyncRedis(port=port) as node:
+            node.execute_command(
+                "ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "&*", "+@all", "-config"
+            )
+    rc = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in fresh_cluster.startup_nodes],
+        username="noconfig",
+        password="pw",
+    )
+    await rc.initialize()
+    streams = [f"gp:{uid}:{i}" for i in range(30)]
+    c = Counting(
+        rc,
+        service=service,
+        streams=streams,
+        cluster_mode=ClusterMode.OSS,
+        config=ConsumerConfig(read_block_ms=200),
+    )
+    try:
+        async with c:
+            waiter = group_runtime_of(c).waiter
+            assert isinstance(waiter, ClusterWaiter)
+            await eventually(lambda: _true(waiter.flags_refused), timeout_s=10)
+            for i, stream in enumerate(streams[::5]):
+                written = (stream, (await rc.xadd(stream, {"n": str(i)})).decode())
+
+                async def handled(written: tuple[str, str] = written) -> bool:
+                    return written in c.handled
+
+                await eventually(handled, timeout_s=5)
+            primaries = fresh_cluster.primaries()
+            blocked = sum(
+                1 for p in primaries for client in clients(p) if client.get("cmd") == "xreadgroup"
+            )
+            assert blocked == 0
+            assert sum(len(clients(p)) for p in primaries) < len(streams)
+    finally:
+        await close_cluster_client(rc)
 
 
 async def _true(value: bool) -> bool:

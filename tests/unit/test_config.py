@@ -10,6 +10,7 @@ from streamjobs import (
     ClusterMode,
     ConfigurationError,
     ConsumerConfig,
+    GroupConsumer,
     Message,
     RecoveryConfig,
     StreamConsumer,
@@ -219,3 +220,32 @@ def test_the_socket_timeout_a_url_client_gets_by_default_is_checked(cluster: boo
         _Consumer(target, service="svc", cluster_mode=mode, config=too_long)
     assert info.value.field == "read_block_ms"
     assert f"socket_timeout ({used:g}s)" in info.value.rule
+
+
+class _Group(GroupConsumer):
+    async def handle(self, message: Message) -> None:
+        pass
+
+
+def test_a_group_on_a_cluster_reads_any_number_of_streams_with_the_default_pool() -> None:
+    """Idle group streams wait on keyspace subscriptions (connections of their own),
+    so 5,000 streams fit redis-py's default 100-connection cluster pool; what must fit
+    is the command slots and the channel's connection."""
+    cluster = RedisCluster(host="127.0.0.1", port=1)
+    streams = [f"s{i}" for i in range(5000)]
+    group = _Group(cluster, service="svc", streams=streams, cluster_mode=ClusterMode.OSS)
+    assert len(group.read_streams) == 5000
+    small = RedisCluster(host="127.0.0.1", port=1, max_connections=10)
+    with pytest.raises(ConfigurationError) as info:
+        _Group(small, service="svc", streams=streams, cluster_mode=ClusterMode.OSS)
+    assert info.value.field == "redis_concurrency"
+    assert "max_connections>=18" in info.value.rule
+
+
+def test_a_group_on_one_server_needs_a_connection_per_shard_of_the_idle_wait() -> None:
+    streams = [f"s{i}" for i in range(10_000)]  # 8 shared blocking reads
+    assert _Group(Redis(max_connections=26), service="svc", streams=streams).service == "svc"
+    with pytest.raises(ConfigurationError) as info:
+        _Group(Redis(max_connections=20), service="svc", streams=streams)
+    assert info.value.field == "streams"
+    assert "max_connections>=26" in info.value.rule
