@@ -62,6 +62,9 @@ FORGET_AFTER_S = 3600.0
 """How long a dead or stopped member with nothing pending stays in the member index
 (``streamjobs status`` shows it), before it leaves the index and the group."""
 
+_SETTLE_RETRY_S = 5.0
+"""Pause before what a join left to do is tried again, after a failure."""
+
 _NO_ENTRIES: list[tuple[str, Any]] = []
 
 
@@ -114,6 +117,8 @@ class Lane:
         """The stream is in the service's list of group streams (``Keys.group_streams``)."""
         self.orphans: list[str] = []
         """Members of joins whose reply was lost: they may be alive on the server."""
+        self.settle_after = -math.inf
+        """``_settle_joining`` waits until then after a failure."""
         self._handle_scope: anyio.CancelScope | None = None
         self._pause_scope: anyio.CancelScope | None = None
         self._idle_wake: asyncio.Future[None] | None = None
@@ -187,8 +192,6 @@ class Lane:
                 try:
                     if self.dead:
                         await self._join()
-                    elif not self.registered or self.orphans:
-                        await self._settle_joining()
                     await self._step()
                     backoff.reset()
                 except Exception as exc:
@@ -230,19 +233,31 @@ class Lane:
         await self._settle_joining()
 
     async def _settle_joining(self) -> None:
-        """What a join leaves to do, each retried until done: list the stream among
-        the service's group streams (``streamjobs status`` finds it there), and make
-        the members of joins whose reply was lost leave."""
+        """What a join leaves to do, retried (every few seconds) until done, and never
+        in the way of reading: list the stream among the service's group streams
+        (``streamjobs status`` finds it there), and make the members of joins whose
+        reply was lost leave."""
+        if time.monotonic() < self.settle_after:
+            return
         rt = self.rt
-        if not self.registered:
-            async with rt.gateway._slot():
-                await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
-            self.registered = True
-        while self.orphans:
-            await rt.gateway.scripts.group_leave(
-                keys=[self.stream, self.members], args=[rt.group, self.orphans[0]]
-            )
-            del self.orphans[0]
+        try:
+            if not self.registered:
+                async with rt.gateway._slot():
+                    await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
+                self.registered = True
+            while self.orphans:
+                orphan = self.orphans.pop()  # (the lane and the heartbeat loop both call)
+                try:
+                    await rt.gateway.scripts.group_leave(
+                        keys=[self.stream, self.members], args=[rt.group, orphan]
+                    )
+                except BaseException:
+                    self.orphans.append(orphan)
+                    raise
+        except Exception as exc:
+            self.settle_after = time.monotonic() + _SETTLE_RETRY_S
+            rt.metrics.loop_error(rt.service, "group")
+            _log_failure(f"group stream {self.stream!r}: after joining", exc, _SETTLE_RETRY_S)
 
     async def _leave(self) -> None:
         members = [*self.orphans, *([self.member] if self.member else [])]
@@ -806,6 +821,9 @@ class GroupRuntime:
                 self.metrics.heartbeat(self.service, False)
                 self.metrics.loop_error(self.service, "group_heartbeat")
                 _log_failure(f"group {self.service!r} heartbeat", exc, 0)
+            for lane in self._alive_lanes():  # (an idle lane's own task is waiting)
+                if not lane.registered or lane.orphans:
+                    await lane._settle_joining()  # (logs its own failure)
 
     async def _beat(self) -> None:
         lanes = self._alive_lanes()

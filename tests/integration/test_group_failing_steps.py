@@ -1,8 +1,9 @@
 """A ``GroupConsumer`` whose Redis calls fail at each step in turn, against real Redis
 (docs/shared-groups.md): joining, the acknowledgement and read of a batch, a history
 read, the restart counter, the heartbeat, the reclaim pass, trimming, the dead-letter
-write and leaving. Each step fails its first two calls, either before the command reaches the
-server or after the server applied it (the reply lost). Two consumers share a stream
+write, leaving, and listing the stream for status. Each step fails its first two
+calls, either before the command reaches the server or after the server applied it
+(the reply lost). Two consumers share a stream
 with a poison entry; the session of one of them ends while it holds a batch, so that
 the other reclaims it, and then it stops. After each: every entry handled, the poison
 entry dead-lettered exactly once, nothing pending, no restart counter left."""
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.anyio
 
 SCRIPTS = ("group_join", "group_beat", "group_ack", "group_reclaim", "group_trim", "group_leave")
 GATEWAY = ("_transaction", "_command", "dead_letter_entry")
-CLIENT = ("hincrby",)
+CLIENT = ("hincrby", "sadd")
 STEPS = SCRIPTS + GATEWAY + CLIENT
 
 ENTRIES = 60
@@ -171,6 +172,8 @@ async def test_a_failing_call_at_each_step_loses_nothing(
         if step != "group_leave":  # (called once per consumer, at its stop)
             # A periodic step (the heartbeat, trimming) may not have failed twice yet.
             await eventually(lambda: _true(faults.failed == 2), timeout_s=20)
+        # The stream is listed for `streamjobs status` (a failed listing is retried).
+        await eventually(lambda: _listed(redis, keys.group_streams, stream), timeout_s=20)
         await first.aclose()
     assert faults.failed == 2, f"step {step} was called {faults.calls} times"
     letters = await redis.xrange(keys.dead_letters)
@@ -189,6 +192,10 @@ async def test_a_failing_call_at_each_step_loses_nothing(
 async def _settled(redis: Any, stream: str, group: str) -> bool:
     info = [g for g in await redis.xinfo_groups(stream) if g["name"] in (group, group.encode())]
     return bool(info) and info[0]["pending"] == 0
+
+
+async def _listed(redis: Any, key: str, stream: str) -> bool:
+    return bool(await redis.sismember(key, stream))
 
 
 async def _true(value: bool) -> bool:
