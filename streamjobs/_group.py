@@ -699,9 +699,7 @@ class GroupRuntime:
         return True, f"reading {len(self.lanes)} stream(s)"
 
     def statistics(self) -> ConsumerStatistics:
-        t = self.tally
-        last_ok = self.gateway.last_ok
-        return ConsumerStatistics(
+        return self.tally.statistics(
             service=self.service,
             consumer=self.name,
             running=self.running and self._ready.is_set(),
@@ -709,22 +707,7 @@ class GroupRuntime:
             ready=self.readiness()[0],
             owned_streams=sum(1 for lane in self.lanes if not lane.dead),
             in_flight_handlers=sum(1 for lane in self.lanes if lane.handling),
-            last_redis_ok_at=None
-            if last_ok is None
-            else time.time() - (time.monotonic() - last_ok),
-            last_scan_at=t.last_scan_at,
-            entries=dict(t.entries),
-            stream_events=dict(t.stream_events),
-            recoveries=dict(t.recoveries),
-            dead_letters=dict(t.dead_letters),
-            handler_failures=t.handler_failures,
-            heartbeats_failed=t.heartbeats_failed,
-            loop_errors=dict(t.loop_errors),
-            notifications=dict(t.notifications),
-            scan_passes=t.scan_passes,
-            entries_reclaimed=t.reclaimed,
-            entries_trimmed=t.trimmed,
-            entries_dropped=t.dropped,
+            last_redis_ok=self.gateway.last_ok,
         )
 
     async def wait_ready(self) -> None:

@@ -93,9 +93,8 @@ class Runtime(RuntimeIntake):
         return True, "ready"
 
     def statistics(self) -> ConsumerStatistics:
-        t = self.tally
         last_ok = getattr(self.gateway, "last_ok", None)
-        return ConsumerStatistics(
+        return self.tally.statistics(
             service=self.service,
             consumer=self.name,
             running=self.running and self._ready.is_set(),
@@ -103,17 +102,7 @@ class Runtime(RuntimeIntake):
             ready=self.readiness()[0],
             owned_streams=len(self.owned_streams()),
             in_flight_handlers=sum(1 for o in self._streams if o.handling),
-            last_redis_ok_at=None if last_ok is None else _wall(last_ok),
-            last_scan_at=t.last_scan_at,
-            entries=dict(t.entries),
-            stream_events=dict(t.stream_events),
-            recoveries=dict(t.recoveries),
-            dead_letters=dict(t.dead_letters),
-            handler_failures=t.handler_failures,
-            heartbeats_failed=t.heartbeats_failed,
-            loop_errors=dict(t.loop_errors),
-            notifications=dict(t.notifications),
-            scan_passes=t.scan_passes,
+            last_redis_ok=last_ok,
         )
 
     def finish(self, stream: str) -> None:
@@ -339,8 +328,3 @@ class Runtime(RuntimeIntake):
                 continue
             guard.ok()
             await anyio.sleep(interval_s)
-
-
-def _wall(monotonic_at: float) -> float:
-    """A ``time.monotonic()`` instant as wall-clock seconds since the epoch."""
-    return time.time() - (time.monotonic() - monotonic_at)

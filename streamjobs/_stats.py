@@ -88,6 +88,46 @@ class Tally:
         self.trimmed = 0
         self.dropped = 0
 
+    def statistics(
+        self,
+        *,
+        service: str,
+        consumer: str,
+        running: bool,
+        healthy: bool,
+        ready: bool,
+        owned_streams: int,
+        in_flight_handlers: int,
+        last_redis_ok: float | None,
+    ) -> ConsumerStatistics:
+        """A snapshot of these counts, with what only the runtime knows
+        (``last_redis_ok``: a ``time.monotonic()`` instant, reported as wall clock)."""
+        return ConsumerStatistics(
+            service=service,
+            consumer=consumer,
+            running=running,
+            healthy=healthy,
+            ready=ready,
+            owned_streams=owned_streams,
+            in_flight_handlers=in_flight_handlers,
+            last_redis_ok_at=None
+            if last_redis_ok is None
+            else time.time() - (time.monotonic() - last_redis_ok),
+            last_scan_at=self.last_scan_at,
+            entries=dict(self.entries),
+            stream_events=dict(self.stream_events),
+            recoveries=dict(self.recoveries),
+            dead_letters=dict(self.dead_letters),
+            handler_failures=self.handler_failures,
+            heartbeats_failed=self.heartbeats_failed,
+            loop_errors=dict(self.loop_errors),
+            notifications=dict(self.notifications),
+            scan_passes=self.scan_passes,
+            entries_reclaimed=self.reclaimed,
+            entries_trimmed=self.trimmed,
+            entries_dropped=self.dropped,
+        )
+
     def stream_event(self, service: str, event: StreamEvent) -> None:
         self.stream_events[event.value] += 1
         self.inner.stream_event(service, event)
