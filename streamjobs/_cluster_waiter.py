@@ -36,8 +36,8 @@ import anyio.abc
 
 from ._guard import LoopGuard
 from ._notifications import cause, ensure_keyspace_events, node_client
-from ._redis import Addr, Gateway, text, translate
-from ._waiter import IDLE_RECHECK_S, Wait, register, until_woken
+from ._redis import Addr, Gateway, StreamGateway, text, translate
+from ._waiter import IDLE_RECHECK_S, Wait, Waiter, register, until_woken
 from .exceptions import RedisUnavailable
 from .metrics import MetricsRecorder
 
@@ -291,3 +291,27 @@ class ClusterWaiter:
                 continue
             if name != entry.node:
                 entry.wake()
+
+
+def idle_wait(
+    client: Any,
+    gateway: StreamGateway,
+    *,
+    cluster: bool,
+    block_ms: int,
+    streams: int,
+    metrics: MetricsRecorder,
+    service: str,
+    configure_flags: bool,
+) -> Waiter | ClusterWaiter:
+    """A consumer's shared idle wait (docs/design.md#idle-waiting-on-a-cluster): one
+    blocking read per 1,250 of its ``streams`` on a standalone server, keyspace events
+    on one subscription per primary on a cluster."""
+    if cluster:
+        assert isinstance(gateway, Gateway)  # (its subscriptions need the real client)
+        return ClusterWaiter(
+            client, gateway, metrics=metrics, service=service, configure_flags=configure_flags
+        )
+    return Waiter(
+        client, gateway, block_ms=block_ms, metrics=metrics, service=service, streams=streams
+    )

@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError
 
 from . import _tracing
 from ._backoff import Backoff
-from ._cluster_waiter import ClusterWaiter
+from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._deadletter import GROUP_FIELD, DeadLetterReason, entry_dead_letter
 from ._guard import log_failure
 from ._lifespan import Background
@@ -643,23 +643,15 @@ class GroupRuntime:
         # stream (per 1,250 of them) on a standalone server; on a cluster, keyspace
         # events on one subscription per primary. Where that cannot serve (a primary
         # refusing the flags), idle streams read again every read_block_ms.
-        self.waiter: Waiter | ClusterWaiter = (
-            ClusterWaiter(
-                client,
-                gateway,
-                metrics=metrics,
-                service=self.service,
-                configure_flags=recovery.configure_keyspace_events,
-            )
-            if cluster
-            else Waiter(
-                client,
-                gateway,
-                block_ms=config.read_block_ms,
-                metrics=metrics,
-                service=self.service,
-                streams=len(self.streams),
-            )
+        self.waiter: Waiter | ClusterWaiter = idle_wait(
+            client,
+            gateway,
+            cluster=cluster,
+            block_ms=config.read_block_ms,
+            streams=len(self.streams),
+            metrics=metrics,
+            service=self.service,
+            configure_flags=recovery.configure_keyspace_events,
         )
         self.running = False
         self._stop = anyio.Event()

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ._cluster_waiter import ClusterWaiter
+from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._coalesce import Coalescer
 from ._lifespan import Background
 from ._ownership import Hooks, OwnedStream, entry_caller
@@ -94,24 +94,21 @@ class RuntimeState:
         )
         self.owned: dict[str, StreamState] = {}
         self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
+        shared = (cluster_mode is ClusterMode.NONE and client is not None) or (
+            cluster_mode is ClusterMode.OSS and isinstance(gateway, Gateway)
+        )
         self.waiter: Waiter | ClusterWaiter | None = (
-            Waiter(
+            idle_wait(
                 client,
                 gateway,
+                cluster=cluster_mode is ClusterMode.OSS,
                 block_ms=config.read_block_ms,
-                metrics=self.metrics,
-                service=self.service,
                 streams=config.max_concurrent_streams,
-            )
-            if cluster_mode is ClusterMode.NONE and client is not None
-            else ClusterWaiter(
-                client,
-                gateway,
                 metrics=self.metrics,
                 service=self.service,
                 configure_flags=recovery.configure_keyspace_events,
             )
-            if cluster_mode is ClusterMode.OSS and isinstance(gateway, Gateway)
+            if shared
             else None
         )
         self._streams: set[OwnedStream] = set()  # acquiring, owned, or handing back
