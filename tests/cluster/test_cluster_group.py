@@ -119,19 +119,9 @@ async def test_idle_group_streams_share_one_subscription_per_primary(
 
         await eventually(all_idle, timeout_s=30)
         after = {p: len(clients(p)) for p in primaries}
-        blocked = sum(
-            1 for p in primaries for client in clients(p) if client.get("cmd") == "xreadgroup"
-        )
-        assert blocked == 0
+        assert _blocked_reads(primaries) == 0
         assert sum(after.values()) - sum(before.values()) < len(streams), (before, after)
-        for i, stream in enumerate(streams[::7]):
-            written = (stream, (await rc.xadd(stream, {"n": str(i)})).decode())
-
-            async def handled(written: tuple[str, str] = written) -> bool:
-                return written in c.handled
-
-            with anyio.fail_after(5):
-                await eventually(handled, timeout_s=5)
+        await _each_write_is_handled(rc, c, streams[::7])
     for stream in streams[::7]:
         assert (await rc.xpending(stream, service))["pending"] == 0, stream
 
@@ -166,21 +156,29 @@ async def test_idle_group_streams_poll_where_the_keyspace_flags_are_refused(
             waiter = group_runtime_of(c).waiter
             assert isinstance(waiter, ClusterWaiter)
             await eventually(lambda: _true(waiter.flags_refused), timeout_s=10)
-            for i, stream in enumerate(streams[::5]):
-                written = (stream, (await rc.xadd(stream, {"n": str(i)})).decode())
-
-                async def handled(written: tuple[str, str] = written) -> bool:
-                    return written in c.handled
-
-                await eventually(handled, timeout_s=5)
+            await _each_write_is_handled(rc, c, streams[::5])
             primaries = fresh_cluster.primaries()
-            blocked = sum(
-                1 for p in primaries for client in clients(p) if client.get("cmd") == "xreadgroup"
-            )
-            assert blocked == 0
+            assert _blocked_reads(primaries) == 0
             assert sum(len(clients(p)) for p in primaries) < len(streams)
     finally:
         await close_cluster_client(rc)
+
+
+def _blocked_reads(primaries: list[int]) -> int:
+    """Connections of the primaries blocked in an XREADGROUP now."""
+    return sum(1 for p in primaries for client in clients(p) if client.get("cmd") == "xreadgroup")
+
+
+async def _each_write_is_handled(rc: RedisCluster, c: Counting, streams: list[str]) -> None:
+    """An entry appended to each idle stream in turn is handled within moments."""
+    for i, stream in enumerate(streams):
+        written = (stream, (await rc.xadd(stream, {"n": str(i)})).decode())
+
+        async def handled(written: tuple[str, str] = written) -> bool:
+            return written in c.handled
+
+        with anyio.fail_after(5):
+            await eventually(handled, timeout_s=5)
 
 
 async def _true(value: bool) -> bool:

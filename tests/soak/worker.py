@@ -48,6 +48,8 @@ from streamjobs import DeadLetter, GroupConsumer, Message, StreamConsumer
 RECORD_URL_ENV: Final = "SOAK_RECORD_URL"
 EVENTS_KEY: Final = "soak:events"
 """List on the side server: every record, in the order the side server received them."""
+GROUP_EVENTS_KEY: Final = "soak:group_events"
+"""List on the side server: the group workers' records (``GroupSoakWorker``)."""
 HANDLED_KEY: Final = "soak:handled"
 """Counter on the side server: handle() calls that returned (for progress lines)."""
 
@@ -87,6 +89,19 @@ def record(
     )
 
 
+async def push(side: Redis, key: str, rec: str, *, handled: bool = False) -> None:
+    """Append ``rec`` to list ``key`` on the side server (and count a handled call),
+    shielded: a cancelled call still gets its exit record."""
+    with anyio.CancelScope(shield=True):
+        if handled:
+            async with side.pipeline(transaction=True) as pipe:
+                pipe.rpush(key, rec)
+                pipe.incr(HANDLED_KEY)
+                await pipe.execute()
+        else:
+            await side.rpush(key, rec)
+
+
 def job_of(info: Mapping[str, Any]) -> str:
     """The job number an assignment's ``info`` names ('' if none)."""
     job = info.get("job")
@@ -105,15 +120,7 @@ class SoakWorker(StreamConsumer):
         self._soak_started = 0
 
     async def _soak_push(self, rec: str, *, handled: bool = False) -> None:
-        # Shielded: a cancelled call still gets its exit record.
-        with anyio.CancelScope(shield=True):
-            if handled:
-                async with self._soak_side.pipeline(transaction=True) as pipe:
-                    pipe.rpush(EVENTS_KEY, rec)
-                    pipe.incr(HANDLED_KEY)
-                    await pipe.execute()
-            else:
-                await self._soak_side.rpush(EVENTS_KEY, rec)
+        await push(self._soak_side, EVENTS_KEY, rec, handled=handled)
 
     def _soak_episode(self, stream: str) -> str:
         return self._soak_episodes.get(stream, f"{self.consumer_name}#0")
@@ -192,10 +199,6 @@ class SoakWorker(StreamConsumer):
         )
 
 
-GROUP_EVENTS_KEY: Final = "soak:group_events"
-"""List on the side server: the group workers' records (``GroupSoakWorker``)."""
-
-
 def group_record(
     kind: str, consumer: str, stream: str, entry_id: str, seq: str, t_ns: int, status: str = ""
 ) -> str:
@@ -221,14 +224,7 @@ class GroupSoakWorker(GroupConsumer):
         self._soak_side = Redis.from_url(os.environ[RECORD_URL_ENV])
 
     async def _soak_push(self, rec: str, *, handled: bool = False) -> None:
-        with anyio.CancelScope(shield=True):
-            if handled:
-                async with self._soak_side.pipeline(transaction=True) as pipe:
-                    pipe.rpush(GROUP_EVENTS_KEY, rec)
-                    pipe.incr(HANDLED_KEY)
-                    await pipe.execute()
-            else:
-                await self._soak_side.rpush(GROUP_EVENTS_KEY, rec)
+        await push(self._soak_side, GROUP_EVENTS_KEY, rec, handled=handled)
 
     async def handle(self, message: Message) -> None:
         me, stream, entry_id = self.consumer_name, message.stream, message.id
