@@ -1,7 +1,8 @@
--- _complete.lua: the three steps of completing a stream (--#include complete), each a
--- function so that seal.lua, finish.lua and release.lua run one each (a cluster: the
--- data stream's slot, the service's slot, the data stream's slot), and complete.lua
--- runs all three at once where every key lives on one server.
+-- _complete.lua: the three steps of completing a stream (--#include complete, after
+-- --#include pending), each a function so that seal.lua, finish.lua and release.lua
+-- run one each (a cluster: the data stream's slot, the service's slot, the data
+-- stream's slot), and complete.lua runs all three at once where every key lives on
+-- one server.
 
 -- Whether the stream exists and has the group, read before any write: XINFO or
 -- XPENDING on a stream or group that is gone would fail, and a script is not rolled
@@ -24,22 +25,6 @@ local function seal_reads(stream, group, cancel)
   return group_exists(stream, group)
 end
 
--- Ack every entry still pending in the group: the job is over, and what is pending
--- now was delivered and will never be handled (after a cancel, or read past the end
--- marker by a consumer whose acquisition failed while the owner held the lock).
-local function ack_pending(stream, group)
-  while true do
-    local page = redis.call('XPENDING', stream, group, '-', '+', 1000)
-    if #page == 0 then
-      return
-    end
-    local ids = {}
-    for i = 1, #page do
-      ids[i] = page[i][1]
-    end
-    redis.call('XACK', stream, group, unpack(ids))
-  end
-end
 
 -- Acks, the skip after a cancel, the ended-job marker, the cancel marker's removal,
 -- the lock's TTL cut and the retention (seal.lua's header says what each is for).
@@ -49,6 +34,9 @@ local function seal_writes(lock, stream, cancel_key, ended, group, keep, cancel,
     redis.call('XACK', stream, group, unpack(acks))
   end
   if has_group then
+    -- The job is over: what is pending now was delivered and will never be handled
+    -- (after a cancel, or read past the end marker by a consumer whose acquisition
+    -- failed while the owner held the lock).
     ack_pending(stream, group)
     if cancel then  -- what was never read is skipped: a later job starts after it
       redis.call('XGROUP', 'SETID', stream, group, '$')

@@ -1,5 +1,6 @@
 -- _skip.lua: move a consumer group past everything in its stream, which belongs to a job
--- that ended (--#include skip). The stream must exist: the caller checked its type.
+-- that ended (--#include skip, after --#include pending). The stream must exist: the
+-- caller checked its type.
 -- The group goes to the stream's last id (made there if it is missing), and whatever is
 -- pending in it is acked: a stalled owner's read queued behind its own failed fence
 -- (fence.lua) still delivers entries, so entries appended after the end may be pending
@@ -9,15 +10,5 @@ local function skip_to_end(stream, group)
   if type(created) == 'table' and created['err'] then
     redis.call('XGROUP', 'SETID', stream, group, '$')
   end
-  while true do
-    local page = redis.call('XPENDING', stream, group, '-', '+', 1000)
-    if #page == 0 then
-      break
-    end
-    local ids = {}
-    for i, p in ipairs(page) do
-      ids[i] = p[1]
-    end
-    redis.call('XACK', stream, group, unpack(ids))
-  end
+  ack_pending(stream, group)
 end

@@ -18,6 +18,7 @@
 -- Idempotent: a client retry of a call whose reply was lost finds its own token, and
 -- refreshes the TTL, since the caller measures its local lease from the retry.
 -- Reads (the lock, the marker: a key of another type fails here) come first.
+--#include pending
 --#include skip
 local holder = redis.call('GET', KEYS[1])
 local ended = redis.call('GET', KEYS[3])

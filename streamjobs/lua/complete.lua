@@ -23,6 +23,7 @@
 -- is lost); else {1, 1 if this call completed the assignment, 0 if it was no longer
 -- pending (a recoverer re-queued it)}. The lock is released whenever it was sealed.
 -- Every read comes before the first write.
+--#include pending
 --#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {0, 0}

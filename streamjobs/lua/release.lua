@@ -9,6 +9,7 @@
 --          hand-back: what is pending is the next owner's)
 -- ARGV[5..] entry ids to acknowledge before releasing
 -- Returns 1 if released, 0 if the token did not match (nothing done).
+--#include pending
 --#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0

@@ -30,6 +30,7 @@
 --          (docs/design.md#sessions).
 -- ARGV[8..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
+--#include pending
 --#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0

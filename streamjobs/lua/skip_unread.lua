@@ -12,6 +12,7 @@
 -- there. A stream with no TTL expires with the marker (the next add_stream clears
 -- it). A key of another type fails before anything is written.
 -- Returns 1 if the group now stands at the stream's end, 0 if there is no stream.
+--#include pending
 --#include skip
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'stream' and t ~= 'none' then

@@ -18,6 +18,7 @@
 -- assignment as unusable_stream): nothing here fails on it.
 -- Reads (the key's type, the marker) come before the first write.
 -- Returns 1 if something was skipped, else 0.
+--#include pending
 --#include skip
 local t = redis.call('TYPE', KEYS[1])['ok']
 local ended = redis.call('GET', KEYS[3])
