@@ -135,6 +135,10 @@ class OwnedStream(StreamAcquisition, StreamEndings):
             if first is not None:  # read with the acquisition
                 reply, sent = first, self.lock_extended_at
             else:
+                if time.monotonic() >= self.lease_deadline and not await self._lease_valid():
+                    # Past the lease (a pause): no read until the heartbeat has renewed
+                    # it. A read behind a fence that fails still takes entries (stray.lua).
+                    continue
                 sent = time.monotonic()
                 try:
                     reply = await host.gateway.fenced_read(

@@ -29,6 +29,7 @@ NAMES = (
     "acquire",
     "extend",
     "fence",
+    "stray",
     "claim",
     "release",
     "finish",
@@ -112,6 +113,7 @@ class Scripts:
         self.acquire = Script(self, client, "acquire")
         self.extend = Script(self, client, "extend")
         self.fence = Script(self, client, "fence")
+        self.stray = Script(self, client, "stray")
         self.claim = Script(self, client, "claim")
         self.release = Script(self, client, "release")
         self.finish = Script(self, client, "finish")

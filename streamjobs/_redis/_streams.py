@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ from ._boundary import (
     translate,
 )
 from ._channel import LARGE_REPLY_BYTES
+
+log = logging.getLogger(__name__)
 
 
 class StreamCommands(CommandsBase):
@@ -256,6 +259,8 @@ class StreamCommands(CommandsBase):
             )
             ack = ()
             if int(fenced[0]) != 1:
+                if read and not isinstance(read, BaseException):
+                    await self._stray(stream, read)
                 return NOT_OWNED
             # An empty reason is a cancel too (the default of cancel_stream): only a
             # missing marker (nil, or false under RESP3) is not.
@@ -311,6 +316,29 @@ class StreamCommands(CommandsBase):
         if isinstance(fenced, BaseException):
             raise translate(fenced, in_script=True) from fenced
         return fenced, read
+
+    async def _stray(self, stream: str, read: Any) -> None:
+        """Settle what a read behind a failed fence delivered to us (``stray.lua``):
+        left pending for the stream's owner, or acked when it came after the end of a
+        job of the name and no job started since. Best effort: if it fails, the entries
+        stay pending with us, which the next job of the name settles."""
+        ids = [entry_id for entry_id, _ in _stream_entries(read)]
+        if not ids:
+            return
+        keys = self.keys
+        try:
+            await self.scripts.stray(
+                keys=[keys.lock(stream), stream, keys.ended(stream)], args=[keys.group, *ids]
+            )
+        except Exception as exc:
+            failure = translate(exc, in_script=True)
+            log.warning(
+                "stream %r: settling %d entries read after its lock was lost: %s: %s",
+                stream,
+                len(ids),
+                type(failure).__name__,
+                failure,
+            )
 
     async def _claim(
         self,

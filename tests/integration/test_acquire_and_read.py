@@ -178,3 +178,53 @@ async def test_scripts_missing_on_the_server_are_loaded_again(
             True,
             True,
         ]
+
+
+@pytest.mark.parametrize("lock", ["ended", "held", "free"])
+async def test_a_read_after_the_lock_was_lost_leaves_nothing_behind(
+    redis: Any, service: str, uid: str, lock: str
+) -> None:
+    """A stalled owner that reads once more after its lock was lost: its fence fails,
+    but the XREADGROUP of the same MULTI still delivers the newest entries to it (the
+    CI soak's finding, seed 720389469). If a job of the name has ended and no one holds
+    the lock, they came after that end: acked, or they would stay pending for good.
+    Otherwise they stay pending for the owner (``held``) or the next owner (``free``),
+    who claims them in order."""
+    gw = Gateway(redis, Keys(service))
+    await gw.load_scripts()
+    stream = f"data:{uid}"
+    handled = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(2)]
+    handled.append((await redis.xadd(stream, {EOS_FIELD: EOS_VALUE})).decode())
+    # The stalled owner read the first batch; its lock expired and the successor took
+    # the stream over, claimed that batch and handled it.
+    assert await gw.acquire(stream, "stalled:1", 5000)
+    assert [i for i, _ in (await gw.fenced_read(stream, "stalled:1", "stalled", 2, [])).entries]
+    await redis.delete(gw.keys.lock(stream))
+    assert await gw.acquire(stream, "owner:1", 5000)
+    claimed = await gw.fenced_read(stream, "owner:1", "owner", 10, [], claim=True)
+    assert [i for i, _ in claimed.entries] == handled[:2]
+    rest = await gw.fenced_read(stream, "owner:1", "owner", 10, handled[:2])
+    assert [i for i, _ in rest.entries] == handled[2:]
+    if lock == "ended":
+        assert await gw.seal(stream, "owner:1", -1, handled, job="job")
+        assert await gw.release(stream, "owner:1", -1, ended=True)
+    elif lock == "free":  # the successor died too: its assignment is re-queued
+        await redis.delete(gw.keys.lock(stream))
+    tail = (await redis.xadd(stream, {"n": "tail"})).decode()
+
+    stale = await gw.fenced_read(stream, "stalled:1", "stalled", 10, [])
+
+    assert not stale.owned
+    if lock == "ended":
+        assert await _pending_of(redis, stream, gw.keys.group) == {}
+        return
+    assert (await _pending_of(redis, stream, gw.keys.group))["stalled"] == 1
+    if lock == "free":
+        assert await gw.acquire(stream, "owner:2", 5000)
+        token, acked, unacked = "owner:2", [], [handled[2], tail]  # the dead one's too
+    else:
+        token, acked, unacked = "owner:1", handled[2:], [tail]
+    nxt = await gw.fenced_read(stream, token, "owner", 10, acked)
+    assert [i for i, _ in nxt.entries] == unacked
+    await gw.fenced_read(stream, token, "owner", 10, unacked)
+    assert await _pending_of(redis, stream, gw.keys.group) == {}
