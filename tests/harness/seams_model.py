@@ -5,7 +5,9 @@
 interleavings of: new jobs, reused stream names, appends, end markers, cancels with and
 without a reason, early ``finish()``, a hard kill (every Redis call of that consumer
 fails and its task is cancelled; under ``SESSION`` its session then expires), graceful
-stops, restarts, and one injected failure of any recovery, release or finishing call.
+stops, restarts, a stalled owner's last read (a fenced read with a lock token its
+consumer no longer holds), and one injected failure of any recovery, release or
+finishing call.
 
 The world they run in is a :class:`World`: :class:`FakeWorld` (the in-memory gateway,
 tests/unit/test_seams_model.py) or :class:`RedisWorld` (real Redis and the real
@@ -115,11 +117,20 @@ class Job:
 
 class View:
     """A consumer's view of the shared gateway: every call fails once it is killed, and
-    the next call of a method named in ``faults`` (shared by all views) fails once."""
+    the next call of a method named in ``faults`` (shared by all views) fails once.
+    Each lock it takes is noted in ``tokens`` as ``(stream, token, consumer)``."""
 
-    def __init__(self, gateway: Any, faults: set[str]) -> None:
+    def __init__(
+        self,
+        gateway: Any,
+        faults: set[str],
+        consumer: str = "",
+        tokens: list[tuple[str, str, str]] | None = None,
+    ) -> None:
         self._gateway = gateway
         self._faults = faults
+        self._consumer = consumer
+        self._tokens = tokens
         self.dead = False
 
     def __getattr__(self, name: str) -> Any:
@@ -133,7 +144,12 @@ class View:
             if name in self._faults:
                 self._faults.discard(name)
                 raise RedisUnavailable(f"injected: {name} failed (model)")
-            return await target(*args, **kwargs)
+            result = await target(*args, **kwargs)
+            if name in ("acquire", "acquire_and_read") and self._tokens is not None:
+                taken = result[0] if name == "acquire_and_read" else result
+                if taken:
+                    self._tokens.append((args[0], args[1], self._consumer))
+            return result
 
         return call
 
@@ -377,8 +393,10 @@ class SeamsModel(RuleBasedStateMachine):
         )
         self.portal = self._portal_cm.__enter__()
         self.world: World = self.portal.call(type(self).make_world)
+        # Every lock a consumer took: (stream, token, consumer), for stalled_read.
+        self.tokens: list[tuple[str, str, str]] = []
         self.views = {
-            c: View(self.world.gateway(raw=c in IN_BYTES_MODE), self.world.faults)
+            c: View(self.world.gateway(raw=c in IN_BYTES_MODE), self.world.faults, c, self.tokens)
             for c in CONSUMERS
         }
         config = dataclasses.replace(CONFIG, liveness=self.liveness)
@@ -612,6 +630,25 @@ class SeamsModel(RuleBasedStateMachine):
         self._wait(done, f"{consumer} to unwind")
         self._start(consumer)
         self.state[consumer] = "running"
+        self._settle()
+
+    @precondition(lambda self: bool(self.tokens))
+    @rule(data=st.data())
+    def stalled_read(self, data: st.DataObject) -> None:
+        """A stalled owner's last read: one more fenced read with a lock token its
+        consumer held once, sent after that lock went (a pause past the lease between
+        the lease check and the send). Its fence fails; the XREADGROUP behind it still
+        delivers the newest entries to that consumer's name."""
+        stream, token, consumer = data.draw(st.sampled_from(self.tokens))
+        gateway = self.world.gateway(raw=consumer in IN_BYTES_MODE)
+
+        async def read() -> None:
+            if await gateway.lock_holder(stream) == token:
+                return  # still held with it: not a stalled owner
+            reply = await gateway.fenced_read(stream, token, consumer, BATCH, [])
+            assert not reply.owned, f"a read with {token!r}, no longer the lock's, passed"
+
+        self._call(read)
         self._settle()
 
     @rule(method=st.sampled_from(FAULTY))

@@ -71,21 +71,42 @@ async def test_fenced_read_is_token_checked_and_pending_first(fake: FakeGateway)
         [(ids[0], {"n": "0"}), (ids[1], {"n": "1"})],
         2,
     )
+    # Refused: nothing acked, but the XREADGROUP behind the fence delivered the rest.
     assert (await fake.fenced_read("d", "other", "c1", 10, ids))[:4] == (False, "", [], 0)
-    assert list(fake.data_pending("d")) == ids[:2], "a refused call acked something"
-    # A new owner gets the previous owner's pending entries first.
+    assert list(fake.data_pending("d")) == ids, "a refused call acked something"
+    # A new owner gets the pending entries first, in order.
     fake.expire_lock("d")
     assert await fake.acquire("d", "t2", 1000)
-    ok, _, batch, *_ = await fake.fenced_read("d", "t2", "c2", 10, [])
+    ok, _, batch, *_ = await fake.fenced_read("d", "t2", "c2", 2, [])
     assert ok
     assert [i for i, _ in batch] == ids[:2]
-    assert fake.data_pending("d") == {ids[0]: "c2", ids[1]: "c2"}
+    assert fake.data_pending("d") == {ids[0]: "c2", ids[1]: "c2", ids[2]: "c1", ids[3]: "c1"}
     # Ack and read in one call; count 0 only acks.
     assert (await fake.fenced_read("d", "t2", "c2", 0, ids[:1]))[:4] == (True, "0-0", [], 0)
     ok, _, batch, *_ = await fake.fenced_read("d", "t2", "c2", 10, ids[1:2])
     assert [i for i, _ in batch] == ids[2:]
     assert (await fake.fenced_read("d", "t2", "c2", 10, ids[2:]))[:4] == (True, ids[3], [], 0)
     assert fake.data_acked("d") == ids
+
+
+async def test_a_refused_read_after_a_job_ended_leaves_nothing_pending(
+    fake: FakeGateway,
+) -> None:
+    """stray.lua: what a read behind a failed fence delivered is acked when no one
+    holds the lock and a job of the name ended; else it stays for the next owner."""
+    [first] = fake.append_many("d", 1)
+    assert await fake.acquire("d", "t1", 1000)
+    assert (await fake.fenced_read("d", "t1", "c1", 10, []))[2] == [(first, {"n": "0"})]
+    assert await fake.seal("d", "t1", -1, [first], job="job")
+    assert await fake.release("d", "t1", -1, ended=True)
+    [tail] = fake.append_many("d", 1)
+    assert not (await fake.fenced_read("d", "t1", "c1", 10, [])).owned
+    assert fake.data_pending("d") == {}
+    fake.ended.clear()  # a job of the name started since: the next owner's
+    [later] = fake.append_many("d", 1)
+    assert not (await fake.fenced_read("d", "t1", "c1", 10, [])).owned
+    assert fake.data_pending("d") == {later: "c1"}
+    assert tail not in fake.data_pending("d")
 
 
 async def test_wait_for_entries_blocks_until_a_newer_entry(fake: FakeGateway) -> None:
