@@ -912,33 +912,31 @@ class FakeGateway:
         pending entries first (claimed from whoever holds them), else new ones; the
         newest id when nothing was read; the size of the largest entry read."""
         await self._enter("fenced_read", stream, token, consumer, count, tuple(ack))
-        result = self._fenced_read(stream, token, consumer, count, ack, claim=claim)
+        result = self._fenced_read(stream, token, consumer, count, ack)
+        if not result.owned and count and not claim:  # (claim.lua is fenced in Lua)
+            self._stray_read(stream, consumer, count)
         await self._leave("fenced_read")
         return result
 
+    def _stray_read(self, stream: str, consumer: str, count: int) -> None:
+        """The XREADGROUP behind a failed fence still delivers; stray.lua then acks
+        what it delivered if no one holds the lock and a job of the name ended."""
+        s = self._data_stream(stream)
+        if s is None or s.group is None:
+            return
+        stray = self._deliver_new(s, s.group, consumer, count)
+        if self._live_lock(self.keys.lock(stream)) is None and stream in self.ended:
+            for entry_id, _ in stray:
+                s.group.pel.pop(entry_id, None)
+
     def _fenced_read(
-        self,
-        stream: str,
-        token: str,
-        consumer: str,
-        count: int,
-        ack: Sequence[str],
-        *,
-        claim: bool = False,
+        self, stream: str, token: str, consumer: str, count: int, ack: Sequence[str]
     ) -> ReadReply:
         lock = self._live_lock(self.keys.lock(stream))
+        if lock is None or lock.token != token:
+            return ReadReply(False, "", [])
         s = self._data_stream(stream)
         group = None if s is None else s.group
-        if lock is None or lock.token != token:
-            if count and not claim and s is not None and group is not None:
-                # The MULTI's XREADGROUP runs behind the failed fence (claim.lua is
-                # fenced inside its script); stray.lua then acks what it delivered if
-                # no one holds the lock and a job ended.
-                stray = self._deliver_new(s, group, consumer, count)
-                if lock is None and stream in self.ended:
-                    for entry_id, _ in stray:
-                        group.pel.pop(entry_id, None)
-            return ReadReply(False, "", [])
         for entry_id in ack:  # XACK of a missing key or group acks nothing
             if group is not None:
                 group.pel.pop(entry_id, None)
