@@ -18,7 +18,8 @@ Checks, after the drain and the graceful stop (docs/shared-groups.md):
   in between: SIGSTOPped, killed or terminated, or a server fault (a restart, a
   primary kill) fell between the two calls. A slow live consumer keeps its entries.
 * **group_left_behind**: no entry is pending in the group, every entry was
-  delivered, no member is alive once the fleet stopped, no restart counter is left.
+  delivered, no member is alive once the fleet stopped (a member of a worker killed
+  just before the end is given its session TTL to run out), no restart counter is left.
 
 Reported without failing: duplicates (an entry handled twice in sequence: its
 consumer died after the work and before the acknowledgement), calls by status,
@@ -303,9 +304,7 @@ async def collect_groups(
             delivered = _s(group["last-delivered-id"])
             if delivered != newest:
                 undelivered[stream] = f"{delivered} .. {newest}"
-        for member, deadline in await client.zrange(keys.members(stream), 0, -1, withscores=True):
-            if float(deadline) > now_ms:
-                live.append(f"{_s(member)} on {stream}")
+        live += await _alive(client, keys, stream, now_ms)
         if await client.exists(keys.starts(stream)):
             counters.append(keys.starts(stream))
     letters = [
@@ -320,6 +319,27 @@ async def collect_groups(
         live_members=live,
         restart_counters=counters,
     )
+
+
+async def _alive(client: Any, keys: Keys, stream: str, now_ms: int) -> list[str]:
+    members = await client.zrange(keys.members(stream), 0, -1, withscores=True)
+    return [f"{_s(m)} on {stream}" for m, deadline in members if float(deadline) > now_ms]
+
+
+async def until_no_member_alive(
+    client: Any, service: str, streams: Sequence[str], within_s: float
+) -> None:
+    """Poll until no member of the group is alive, for at most ``within_s``: once the
+    fleet stopped, a member of a worker SIGKILLed just before stays alive until its
+    session TTL runs out (a stopped one leaves at once)."""
+    keys = Keys(service)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        seconds, micros = await client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if not [m for stream in streams for m in await _alive(client, keys, stream, now_ms)]:
+            return
+        await anyio.sleep(0.1)
 
 
 async def drained(client: Any, service: str, streams: Sequence[str]) -> str | None:

@@ -31,7 +31,15 @@ from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer, Worker, WorkerFleet
 
 from .groups import TARGET as GROUP_TARGET
-from .groups import GroupProducer, GroupReport, Windows, check_groups, collect_groups, drained
+from .groups import (
+    GroupProducer,
+    GroupReport,
+    Windows,
+    check_groups,
+    collect_groups,
+    drained,
+    until_no_member_alive,
+)
 from .history import (
     FINISH,
     POISON,
@@ -1061,6 +1069,10 @@ class Soak:
         if self.group_producer is not None:
             group_records = [r.decode() for r in await self._side.lrange(GROUP_EVENTS_KEY, 0, -1)]
             self.records += group_records
+            # A member of a worker killed just before the end lives out its session TTL.
+            await until_no_member_alive(
+                c, self.group_service, self.group_streams, self.s.lock_ttl_s + 1.0
+            )
             group_state = await collect_groups(
                 c, self.group_service, self.group_streams, group_records
             )
