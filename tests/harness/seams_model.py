@@ -319,7 +319,10 @@ class RedisWorld:
             if await r.exists(keys.cancel(s)):
                 out.append(f"cancel marker of {s!r}")
             if await r.exists(s):
-                pending = (await r.xpending(s, self.service))["pending"]
+                # No group at all is possible: a job cancelled before any owner took its
+                # stream (the cancel's marker entry made the stream).
+                groups = [g for g in await r.xinfo_groups(s) if _text(g["name"]) == self.service]
+                pending = groups[0]["pending"] if groups else 0
                 if pending:
                     out.append(f"{s!r} has {pending} pending")
         return out
