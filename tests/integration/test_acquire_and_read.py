@@ -20,6 +20,16 @@ async def _pending_of(redis: Any, stream: str, group: str) -> dict[str, int]:
     return {c["name"].decode(): int(c["pending"]) for c in summary["consumers"] or []}
 
 
+async def _a_job_to_its_end(redis: Any, service: str, uid: str) -> tuple[Gateway, str, list[str]]:
+    """A gateway (scripts loaded) and a data stream of two entries and the end marker."""
+    gw = Gateway(redis, Keys(service))
+    await gw.load_scripts()
+    stream = f"data:{uid}"
+    handled = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(2)]
+    handled.append((await redis.xadd(stream, {EOS_FIELD: EOS_VALUE})).decode())
+    return gw, stream, handled
+
+
 async def test_a_free_lock_is_taken_with_the_first_entries(
     redis: Any, service: str, uid: str
 ) -> None:
@@ -129,11 +139,7 @@ async def test_entries_a_contender_read_past_the_end_are_not_left_pending(
     again in the release, since a contender can read between the two."""
     if path == "complete" and hasattr(redis, "get_node_from_key"):
         pytest.skip("complete.lua needs every key on one server")
-    gw = Gateway(redis, Keys(service))
-    await gw.load_scripts()
-    stream = f"data:{uid}"
-    handled = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(2)]
-    handled.append((await redis.xadd(stream, {EOS_FIELD: EOS_VALUE})).decode())
+    gw, stream, handled = await _a_job_to_its_end(redis, service, uid)
     assert await gw.acquire(stream, "owner:1", 5000)
     read = await gw.fenced_read(stream, "owner:1", "owner", 10, [])
     assert [i for i, _ in read.entries] == handled
@@ -190,11 +196,7 @@ async def test_a_read_after_the_lock_was_lost_leaves_nothing_behind(
     the lock, they came after that end: acked, or they would stay pending for good.
     Otherwise they stay pending for the owner (``held``) or the next owner (``free``),
     who claims them in order."""
-    gw = Gateway(redis, Keys(service))
-    await gw.load_scripts()
-    stream = f"data:{uid}"
-    handled = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(2)]
-    handled.append((await redis.xadd(stream, {EOS_FIELD: EOS_VALUE})).decode())
+    gw, stream, handled = await _a_job_to_its_end(redis, service, uid)
     # The stalled owner read the first batch; its lock expired and the successor took
     # the stream over, claimed that batch and handled it.
     assert await gw.acquire(stream, "stalled:1", 5000)
