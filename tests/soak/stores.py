@@ -8,6 +8,7 @@ stopped by :meth:`Store.stop` (which also removes its directory).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from streamjobs.testing import HOST, RedisServer
+from streamjobs.testing import HOST, RedisServer, server_binary
 
 T = TypeVar("T")
 
@@ -175,7 +176,9 @@ class StandaloneStore(Store):
         return f"--- data server {self.server.port} ---\n{self.server.log_tail(lines)}"
 
     def describe(self) -> str:
-        return f"redis-server on {HOST}:{self.server.port} (appendonly, fsync always)"
+        # The server the matrix picked ($STREAMJOBS_SERVER_BINARY): Valkey in its job.
+        name = os.path.basename(server_binary() or "redis-server")
+        return f"{name} on {HOST}:{self.server.port} (appendonly, fsync always)"
 
 
 class ClusterStore(Store):
