@@ -230,3 +230,29 @@ async def test_a_read_after_the_lock_was_lost_leaves_nothing_behind(
     assert [i for i, _ in nxt.entries] == unacked
     await gw.fenced_read(stream, token, "owner", 10, unacked)
     assert await _pending_of(redis, stream, gw.keys.group) == {}
+
+
+async def test_a_failing_settlement_of_a_stale_read_only_leaves_it_pending(
+    redis: Any, service: str, uid: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``stray.lua`` is best effort: when it fails, the read still reports the lock
+    lost, the failure is one warning line, and the entries stay pending (as they did
+    before it existed) for the next job of the name."""
+    gw, stream, handled = await _a_job_to_its_end(redis, service, uid)
+    assert await gw.acquire(stream, "owner:1", 5000)
+    await gw.fenced_read(stream, "owner:1", "owner", 10, [])
+    assert await gw.seal(stream, "owner:1", -1, handled, job="job")
+    assert await gw.release(stream, "owner:1", -1, ended=True)
+    await redis.xadd(stream, {"n": "tail"})
+
+    async def unreachable(**_: Any) -> None:
+        raise ConnectionError("Connection closed by server.")
+
+    gw.scripts.stray = unreachable  # type: ignore[assignment]
+    with caplog.at_level("WARNING", logger="streamjobs._redis._streams"):
+        stale = await gw.fenced_read(stream, "stalled:1", "stalled", 10, [])
+
+    assert not stale.owned
+    assert await _pending_of(redis, stream, gw.keys.group) == {"stalled": 1}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "settling 1 entries read after its lock was lost" in line
