@@ -19,7 +19,6 @@ held is reclaimed, by it or by another member.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import random
@@ -31,23 +30,20 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from redis.exceptions import NoScriptError
 
-from . import _tracing
 from ._backoff import Backoff
 from ._cluster_waiter import ClusterWaiter, idle_wait
-from ._deadletter import GROUP_FIELD, DeadLetterReason, entry_dead_letter
+from ._deadletter import GROUP_FIELD, REASON_FIELD, DeadLetterReason, Pairs, entry_dead_letter
 from ._guard import log_failure
 from ._lifespan import Background
-from ._pipeline import GiveUp, _call_within, after_failure, entry_caller
-from ._redis import Channel, Gateway, translate
-from ._redis._boundary import _stream_entries, raw_sized_entries, sized_entries, text
+from ._pipeline import Admit, EntryPipeline
+from ._redis import Channel, Gateway, text_fields, translate
 from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
 from .config import ConsumerConfig, GroupRetention, RecoveryConfig
-from .exceptions import HookFailed, RedisUnavailable, StreamJobsError
+from .exceptions import HookFailed, NoSuchGroup, RedisUnavailable, StreamJobsError
 from .message import Message
-from .metrics import EntryOutcome, MetricsRecorder, StreamEvent
+from .metrics import MetricsRecorder, StreamEvent
 
 log = logging.getLogger("streamjobs.group")
 
@@ -66,6 +62,7 @@ _SETTLE_RETRY_S = 5.0
 """Pause before what a join left to do is tried again, after a failure."""
 
 _NO_ENTRIES: list[tuple[str, Any]] = []
+_NO_INFO: Mapping[str, Any] = {}
 
 
 def _log_failure(what: str, exc: BaseException, delay_s: float) -> None:
@@ -74,32 +71,19 @@ def _log_failure(what: str, exc: BaseException, delay_s: float) -> None:
     log_failure(log, what, translate(exc), delay_s)
 
 
-def _read_entries(reply: Any, raw: bool) -> list[tuple[str, Any]]:
-    """``(id, fields)`` of an ``XREADGROUP`` reply of one stream, parsed or not; fields
-    are None for an entry that is pending but no longer in the stream."""
-    found = _stream_entries(reply)
-    if not found:
-        return _NO_ENTRIES
-    decode = raw_sized_entries if raw else sized_entries
-    if all(item[1] is not None for item in found):
-        return decode(found)[0]
-    out: list[tuple[str, Any]] = []
-    for item in found:
-        if item[1] is None:
-            out.append((text(item[0]), None))
-        else:
-            out.extend(decode([item])[0])
-    return out
-
-
 class Lane:
-    """One stream of a group consumer (see the module docstring)."""
+    """One stream of a group consumer (see the module docstring), and its seat in the
+    entry pipeline (``_pipeline.Seat``): it hands entries while its member is alive,
+    and acknowledges them at least every ``ACK_INTERVAL_S``."""
+
+    loop = "group"
+    ack_interval_s: float | None = ACK_INTERVAL_S
+    info: Mapping[str, Any] = _NO_INFO
 
     def __init__(self, runtime: GroupRuntime, stream: str) -> None:
         self.rt = runtime
         self.stream = stream
-        self.members = runtime.gateway.keys.members(stream)
-        self.starts = runtime.gateway.keys.starts(stream)
+        self.groups = runtime.gateway.groups
         self.member = ""
         self.dead = True
         """The member is not (or no longer known to be) alive: join again first."""
@@ -123,6 +107,10 @@ class Lane:
         self._pause_scope: anyio.CancelScope | None = None
         self._idle_wake: asyncio.Future[None] | None = None
         self.extra = {"stream": stream, "service": runtime.service}
+        self.log = logging.LoggerAdapter(log, self.extra)
+        self.restarts = 0
+        """Starts counted for the redelivered entry being handled (its dead letter's
+        ``_retry_count``)."""
 
     # -- state changes, from any task of the consumer --------------------------------
 
@@ -202,9 +190,9 @@ class Lane:
                     _log_failure(f"group stream {self.stream!r}", exc, delay)
                     # A read may have delivered entries whose reply was lost.
                     self.history = True
-                    if "NOGROUP" in str(exc):
+                    if isinstance(translate(exc), NoSuchGroup):
                         self.dead = True  # the stream or its group was deleted: join again
-                    await self._pause(delay)
+                    await self.pause(delay)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 await self._leave()
@@ -214,10 +202,7 @@ class Lane:
         member = f"{rt.name}~{secrets.token_hex(4)}"
         sent = time.monotonic()
         try:
-            await rt.gateway.scripts.group_join(
-                keys=[self.stream, self.members],
-                args=[rt.group, member, rt.ttl_ms, rt.start_id],
-            )
+            await self.groups.join(self.stream, member, rt.ttl_ms, rt.start_id)
         except Exception:
             # The server may have joined it and the reply been lost: a live member
             # nobody renews. It is made to leave once Redis answers again.
@@ -242,15 +227,12 @@ class Lane:
         rt = self.rt
         try:
             if not self.registered:
-                async with rt.gateway._slot():
-                    await rt.client.sadd(rt.gateway.keys.group_streams, self.stream)
+                await self.groups.register(self.stream)
                 self.registered = True
             while self.orphans:
                 orphan = self.orphans.pop()  # (the lane and the heartbeat loop both call)
                 try:
-                    await rt.gateway.scripts.group_leave(
-                        keys=[self.stream, self.members], args=[rt.group, orphan]
-                    )
+                    await self.groups.leave(self.stream, orphan)
                 except BaseException:
                     self.orphans.append(orphan)
                     raise
@@ -265,11 +247,9 @@ class Lane:
             return
         try:
             if not self.dead:
-                await self._flush()
+                await self.flush()
             for member in members:
-                await self.rt.gateway.scripts.group_leave(
-                    keys=[self.stream, self.members], args=[self.rt.group, member]
-                )
+                await self.groups.leave(self.stream, member)
         except Exception as exc:
             log.warning(
                 "group %r stream %r: leaving failed (%s): its pending entries are "
@@ -279,7 +259,7 @@ class Lane:
                 exc,
             )
 
-    async def _pause(self, delay_s: float) -> bool:
+    async def pause(self, delay_s: float) -> bool:
         """Sleep ``delay_s``, ended early by a stop or a loss; False if it was."""
         with anyio.CancelScope() as scope:
             self._pause_scope = scope
@@ -289,77 +269,32 @@ class Lane:
                 self._pause_scope = None
         return not scope.cancelled_caught and not self.stopping and not self.dead
 
-    async def _flush(self) -> None:
+    async def flush(self) -> None:
         if not self.to_ack or not self.usable():
             return
         ids = self.to_ack
-        r = await self.rt.gateway.scripts.group_ack(
-            keys=[self.stream, self.members, self.starts],
-            args=[self.rt.group, self.member, *ids],
-        )
-        if int(r) < 0:
+        sent = len(ids)
+        if not await self.groups.ack(self.stream, self.member, ids[:sent]):
             self.lose("an acknowledgement was refused")
             return
-        del ids[:]
+        del ids[:sent]
         self.last_flush = time.perf_counter()
 
-    async def _history(self) -> list[tuple[str, Any]]:
-        """The entries pending under our own member (``XREADGROUP ... 0``), on the
-        command channel, by the stream's slot."""
-        rt = self.rt
-        reply = await rt.gateway._command(
-            self.stream,
-            "XREADGROUP", "GROUP", rt.group, self.member, "COUNT", rt.config.read_batch_size,
-            "STREAMS", self.stream, "0",
-        )  # fmt: skip
-        rt.gateway.last_ok = time.monotonic()
-        return _read_entries(reply, rt.raw)
-
     async def _ack_and_read(self) -> tuple[list[tuple[str, Any]], str]:
-        """One round trip per batch (standalone): the acknowledgement of the batch
-        handled last (``group_ack.lua``), new entries (``XREADGROUP >``, not blocking)
-        and the id of the stream's newest entry, in one MULTI. When nothing was new,
-        the shared idle wait waits for an entry after that id, and none can have come
-        in between.
-
-        A MULTI runs every command it queued: if the acknowledgement is refused (the
-        member is dead), the read still delivered entries to the dead member; they are
-        dropped here and reclaimed by a live one."""
-        rt = self.rt
+        """The acknowledgement of the batch handled last, and the next batch, in one
+        round trip (``GroupCommands.ack_and_read``)."""
         ids = self.to_ack if self.usable() else []
-        commands: list[tuple[Any, ...]] = []
-        if ids:
-            commands.append(
-                ("EVALSHA", rt.gateway.scripts.group_ack.sha, 3, self.stream, self.members,
-                 self.starts, rt.group, self.member, *ids)
-            )  # fmt: skip
-        commands += [
-            ("XREADGROUP", "GROUP", rt.group, self.member, "COUNT", rt.config.read_batch_size,
-             "STREAMS", self.stream, ">"),
-            ("XREVRANGE", self.stream, "+", "-", "COUNT", 1),
-        ]  # fmt: skip
-        replies = await rt.gateway._transaction(self.stream, commands)
-        rt.gateway.last_ok = time.monotonic()
-        if ids:
-            acked = replies.pop(0)
-            if isinstance(acked, NoScriptError):
-                await self._flush()  # loads the script (a restarted or failed-over server)
-            elif isinstance(acked, BaseException):
-                raise translate(acked, in_script=True) from acked
-            elif int(acked) < 0:
-                self.lose("an acknowledgement was refused")
-                return _NO_ENTRIES, "0-0"
-            else:
-                del ids[: len(ids)]
-                self.last_flush = time.perf_counter()
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise translate(reply) from reply
-        found = _stream_entries(replies[0])
-        entries = (raw_sized_entries if rt.raw else sized_entries)(found)[0]
-        tail = replies[1]
-        newest = text(tail[0][0]) if tail else "0-0"
-        return entries, newest
+        sent = len(ids)
+        read = await self.groups.ack_and_read(
+            self.stream, self.member, ids[:sent], self.rt.config.read_batch_size
+        )
+        if read.refused:
+            self.lose("an acknowledgement was refused")
+            return _NO_ENTRIES, "0-0"
+        if sent:
+            del ids[:sent]
+            self.last_flush = time.perf_counter()
+        return read.entries, read.newest
 
     async def _idle(self, newest: str) -> None:
         """Wait in the shared idle wait for an entry after ``newest``; a claim, a loss
@@ -387,8 +322,10 @@ class Lane:
         if self.stopping or not self.usable():
             return
         if self.history:
-            await self._flush()
-            entries = await self._history()
+            await self.flush()
+            entries = await self.groups.history(
+                self.stream, self.member, self.rt.config.read_batch_size
+            )
             if not entries:
                 self.history = False
                 return
@@ -411,186 +348,85 @@ class Lane:
                 self._handle_scope = None
 
     async def _handle_batch(self, entries: list[tuple[str, Any]], redelivered: bool) -> None:
-        """Hand ``entries`` to ``handle()`` in order, each queued for acknowledgement once
-        done. ``redelivered``: they come from our own pending list (claimed from a
-        member that died or stopped, or read again after a lost reply): each start of
-        one is counted first, so an entry that keeps killing its consumers is
-        dead-lettered (docs/shared-groups.md#crash-loops)."""
-        rt = self.rt
-        call = rt.caller()
-        stream, to_ack = self.stream, self.to_ack
-        clock = time.perf_counter
-        durations: list[float] = []
-        try:
-            for entry_id, fields in entries:
-                if self.stopping or self.dead or not self.usable():
-                    return
-                if fields is None:
-                    # Pending, but trimmed or deleted from the stream: nothing to hand.
-                    to_ack.append(entry_id)
-                    continue
-                restarts = 0
-                if redelivered:
-                    async with rt.gateway._slot():
-                        restarts = int(await rt.client.hincrby(self.starts, entry_id, 1))
-                    if restarts > rt.recovery.max_retries:
-                        if not await self._crash_loop(entry_id, fields, restarts):
-                            return
-                        continue
-                started = clock()
-                try:
-                    await call(Message(stream, entry_id, fields, _NO_INFO, 1))
-                except Exception as exc:
-                    if not await self._retry(call, entry_id, fields, restarts, exc, started):
-                        return
-                else:
-                    now = clock()
-                    durations.append(now - started)
-                    to_ack.append(entry_id)
-                    if now - self.last_flush > ACK_INTERVAL_S:
-                        await self._flush()
-        finally:
-            if durations:
-                rt.metrics.entries_handled(rt.service, EntryOutcome.OK, durations)
-
-    async def _crash_loop(self, entry_id: str, fields: dict[Any, Any], restarts: int) -> bool:
-        """Dead-letter an entry begun ``restarts`` times after its consumers died or
-        stopped holding it; True once done (False: the lane stopped or lost its member)."""
-        if not await self._dead_letter(
-            entry_id,
-            fields,
-            0,
-            f"begun {restarts} times after a consumer died or stopped holding it, never "
-            "acknowledged: it may be killing its consumers",
-            retry_count=restarts,
-            reason=DeadLetterReason.MAX_RETRIES_EXCEEDED,
-        ):
-            return False
-        self.to_ack.append(entry_id)
-        await self._flush()
-        return True
-
-    async def _retry(
-        self,
-        call: Callable[[Message[Any]], Awaitable[None]],
-        entry_id: str,
-        fields: dict[Any, Any],
-        restarts: int,
-        first: Exception,
-        started: float,
-    ) -> bool:
-        """Attempts 2.. of an entry whose first ``handle()`` call raised ``first``; True
-        once it is done (handled or dead-lettered, and queued for acknowledgement),
-        False if the lane stopped or lost its member meanwhile (it stays pending, for
-        whoever holds it next)."""
-        rt = self.rt
-        attempt, error = 1, first
-        while True:
-            rt.metrics.handler_failed(rt.service)
-            step = after_failure(
-                error,
-                attempt,
-                max_attempts=rt.config.max_handler_attempts,
-                backoff_s=rt.config.handler_backoff_s,
-                backoff_max_s=rt.config.handler_backoff_max_s,
-            )
-            if isinstance(step, GiveUp):
-                log.warning(
-                    "group %r stream %r entry %s failed %d time(s) (%s): dead-lettering it",
-                    rt.service,
-                    self.stream,
-                    entry_id,
-                    attempt,
-                    step.error,
-                    extra=self.extra,
-                )
-                reason = (
-                    DeadLetterReason.HANDLER_FAILED
-                    if step.rejected is None
-                    else DeadLetterReason.REJECTED
-                )
-                if not await self._dead_letter(
-                    entry_id,
-                    fields,
-                    attempt,
-                    step.error,
-                    retry_count=restarts,
-                    reason=reason,
-                    rejected=step.rejected,
-                ):
-                    return False
-                rt.metrics.entries_handled(
-                    rt.service, EntryOutcome.DEAD_LETTERED, (time.perf_counter() - started,)
-                )
+        """Hand ``entries`` to the entry pipeline. ``redelivered``: they come from our
+        own pending list (claimed from a member that died or stopped, or read again
+        after a lost reply): each start of one is counted first, so an entry that keeps
+        killing its consumers is dead-lettered (docs/shared-groups.md#crash-loops)."""
+        self.restarts = 0
+        if not redelivered:
+            await self.rt.pipeline.handle_batch(self, entries)
+            return
+        live = []
+        for entry_id, fields in entries:
+            if fields is None:
+                # Pending, but trimmed or deleted from the stream: nothing to hand.
                 self.to_ack.append(entry_id)
-                await self._flush()  # so that no other consumer handles it again
-                return True
-            if not await self._pause(step.delay_s) or not self.usable():
-                return False
-            attempt += 1
-            try:
-                await call(Message(self.stream, entry_id, fields, _NO_INFO, attempt))
-            except Exception as exc:
-                error = exc
-                continue
-            rt.metrics.entries_handled(
-                rt.service, EntryOutcome.RETRIED, (time.perf_counter() - started,)
-            )
-            self.to_ack.append(entry_id)
-            return True
+            else:
+                live.append((entry_id, fields))
+        await self.rt.pipeline.handle_batch(self, live, self._count_start)
 
-    async def _dead_letter(
+    async def _count_start(self, entry_id: str, fields: Mapping[Any, Any]) -> Admit:
+        """Count one more start of a redelivered entry; past ``max_retries`` starts it
+        is dead-lettered instead of handed (``Admit.SKIP``)."""
+        rt = self.rt
+        self.restarts = await self.groups.count_start(self.stream, entry_id)
+        if self.restarts <= rt.recovery.max_retries:
+            return Admit.HAND
+        reason = DeadLetterReason.MAX_RETRIES_EXCEEDED
+        letter = [
+            (k, reason.value) if k == REASON_FIELD else (k, v)
+            for k, v in self.dead_letter(
+                entry_id,
+                text_fields(fields),
+                0,
+                f"begun {self.restarts} times after a consumer died or stopped holding it, "
+                "never acknowledged: it may be killing its consumers",
+                None,
+            )
+        ]
+        if not await rt.pipeline.dead_letter(self, entry_id, letter, reason, fields):
+            return Admit.STOP
+        self.to_ack.append(entry_id)
+        await self.flush()
+        return Admit.SKIP
+
+    # -- its seat in the entry pipeline (_pipeline.Seat) ------------------------------
+
+    def clear(self, now: float) -> bool:
+        return not (self.stopping or self.dead) and now < self.alive_until
+
+    async def may_hand(self) -> bool:
+        return not self.stopping and self.usable()
+
+    async def may_retry(self) -> bool:
+        return not self.stopping and self.usable()
+
+    def holds(self) -> bool:
+        return not self.stopping and self.usable()
+
+    def log_extra(self) -> dict[str, str]:
+        return self.extra
+
+    def dead_letter(
         self,
         entry_id: str,
-        fields: Mapping[Any, Any],
+        fields: dict[str, str],
         attempts: int,
         error: str,
-        *,
-        retry_count: int,
-        reason: DeadLetterReason,
-        rejected: str | None = None,
-    ) -> bool:
-        """Append the entry's dead letter (once: a second call for the same entry, by
-        any member, finds the first one's marker); True once it is written, False if
-        the lane stopped or lost its member first."""
-        rt = self.rt
+        rejected: str | None,
+    ) -> Pairs:
         letter = entry_dead_letter(
-            {text(k): text(v) for k, v in fields.items()} if rt.raw else dict(fields),
+            fields,
             stream=self.stream,
             entry_id=entry_id,
-            retry_count=retry_count,
+            retry_count=self.restarts,
             attempts=attempts,
             owner=self.member,
             error=error,
             rejected=rejected,
         )
-        letter.append((GROUP_FIELD, rt.group))
-        if reason is DeadLetterReason.MAX_RETRIES_EXCEEDED:
-            letter = [(k, reason.value) if k == "_dlq_reason" else (k, v) for k, v in letter]
-        backoff = Backoff()
-        while True:
-            if self.stopping or not self.usable():
-                return False
-            try:
-                _, trimmed = await rt.gateway.dead_letter_entry(letter)
-            except Exception as exc:
-                rt.metrics.loop_error(rt.service, "group")
-                delay = backoff.next_delay()
-                _log_failure(f"group stream {self.stream!r}: writing a dead letter", exc, delay)
-                if not await self._pause(delay):
-                    return False
-                continue
-            rt.metrics.dead_lettered(rt.service, reason)
-            if trimmed > 0:
-                rt.metrics.dlq_trimmed(rt.service, trimmed)
-            _tracing.mark(
-                "streamjobs.dead_letter",
-                {**self.extra, "entry_id": entry_id, "reason": reason.value},
-            )
-            return True
-
-
-_NO_INFO: Mapping[str, Any] = {}
+        letter.append((GROUP_FIELD, self.rt.group))
+        return letter
 
 
 class GroupHooks(Protocol):
@@ -637,7 +473,15 @@ class GroupRuntime:
         self.raw = gateway.raw_fields
         self.ttl_s = config.lock_ttl_s
         self.ttl_ms = max(1, int(config.lock_ttl_s * 1000))
-        self.call_handle = entry_caller(hooks.handle)
+        self.pipeline = EntryPipeline(
+            hooks.handle,
+            config=config,
+            metrics=self.metrics,
+            service=self.service,
+            consumer=name,
+            group=self.group,
+            dead_letters=gateway,
+        )
         self.lanes: list[Lane] = []
         # The shared idle wait, as for StreamConsumer: one blocking read for every idle
         # stream (per 1,250 of them) on a standalone server; on a cluster, keyspace
@@ -658,19 +502,6 @@ class GroupRuntime:
         self._ready = anyio.Event()
         self._stopped = anyio.Event()
         self._background = Background()
-
-    def caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
-        """What calls ``handle()``: with its time limit and span, when configured."""
-        call = self.call_handle
-        timeout_s = self.config.handler_timeout_s
-        if timeout_s is not None:
-            call = functools.partial(_call_within, call, timeout_s)
-        tracer = _tracing.tracer()
-        if tracer is not None:
-            call = functools.partial(
-                _tracing.handle_in_span, tracer, call, group=self.group, consumer=self.name
-            )
-        return call
 
     def health(self) -> tuple[bool, str]:
         """Alive: running, and Redis answered within two session TTLs."""
@@ -808,13 +639,13 @@ class GroupRuntime:
         for batch in batches:
             sent = time.monotonic()
             members = [lane.member for lane in batch]
-            replies = await self.gateway.scripts.group_beat(
-                keys=[lane.members for lane in batch], args=[self.ttl_ms, *members]
+            replies = await self.gateway.groups.beat(
+                [lane.stream for lane in batch], members, self.ttl_ms
             )
             for lane, member, ok in zip(batch, members, replies, strict=True):
                 if lane.dead or lane.member != member:
                     continue  # (joined again meanwhile: the reply is about the old one)
-                if int(ok) == 1:
+                if ok:
                     lane.alive_until = sent + self.ttl_s
                 else:
                     lane.lose("its session expired", member)
@@ -825,27 +656,27 @@ class GroupRuntime:
         and the first one in an interval does it: the others find its pace key
         (``Keys.trimmed``, three quarters of the interval) and skip the pass."""
         r = self.retention
-        args = [
-            "1" if r.trim_acknowledged else "0",
-            r.max_len or 0,
-            0 if r.max_age_s is None else int(r.max_age_s * 1000),
-            r.batch,
-            max(1, int(r.interval_s * 750)),
-        ]
+        max_age_ms = 0 if r.max_age_s is None else int(r.max_age_s * 1000)
+        pace_ms = max(1, int(r.interval_s * 750))
         while True:
             await anyio.sleep(r.interval_s * random.uniform(0.75, 1.25))
             for lane in list(self.lanes):
                 try:
-                    await self._trim(lane, args)
+                    await self._trim(lane, max_age_ms, pace_ms)
                 except Exception as exc:
                     self.metrics.loop_error(self.service, "group_trim")
                     _log_failure(f"group stream {lane.stream!r}: trimming", exc, 0)
 
-    async def _trim(self, lane: Lane, args: Sequence[Any]) -> None:
-        reply = await self.gateway.scripts.group_trim(
-            keys=[lane.stream, self.gateway.keys.trimmed(lane.stream)], args=args
+    async def _trim(self, lane: Lane, max_age_ms: int, pace_ms: int) -> None:
+        r = self.retention
+        acknowledged, dropped = await self.gateway.groups.trim(
+            lane.stream,
+            acknowledged=r.trim_acknowledged,
+            max_len=r.max_len or 0,
+            max_age_ms=max_age_ms,
+            batch=r.batch,
+            pace_ms=pace_ms,
         )
-        acknowledged, dropped = int(reply[0]), int(reply[1])
         if acknowledged or dropped:
             self.metrics.stream_trimmed(self.service, acknowledged, dropped)
         if dropped:
@@ -879,27 +710,23 @@ class GroupRuntime:
         """``group_reclaim.lua`` on one lane's stream: claim what dead or stopped
         members (and, after ``min_idle_s``, names without a session) hold."""
         member = lane.member
-        r = await self.gateway.scripts.group_reclaim(
-            keys=[lane.stream, lane.members],
-            args=[
-                self.group,
-                member,
-                self.config.read_batch_size,
-                int(self.recovery.min_idle_s * 1000),
-                int(FORGET_AFTER_S * 1000),
-            ],
+        reclaimed = await self.gateway.groups.reclaim(
+            lane.stream,
+            member,
+            self.config.read_batch_size,
+            int(self.recovery.min_idle_s * 1000),
+            int(FORGET_AFTER_S * 1000),
         )
         self.tally.reclaim_pass()
-        code = int(r[0])
-        if code == -1:
+        if not reclaimed.alive:
             lane.lose("its session expired (seen by the reclaim pass)", member)
-        elif code == 1 and r[1]:
-            self.metrics.entries_reclaimed(self.service, len(r[1]))
+        elif reclaimed.ids:
+            self.metrics.entries_reclaimed(self.service, len(reclaimed.ids))
             log.info(
                 "group %r stream %r: claimed %d entries from dead members",
                 self.service,
                 lane.stream,
-                len(r[1]),
+                len(reclaimed.ids),
                 extra=lane.extra,
             )
-            lane.claimed(len(r[1]))
+            lane.claimed(len(reclaimed.ids))

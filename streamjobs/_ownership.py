@@ -6,7 +6,7 @@
 2. loop: one fenced script call acks the previous batch and reads the next (pending
    entries of a previous owner first); hand each entry to ``handle()`` in order while
    the local lease is valid; wait with a plain ``XREAD BLOCK`` when idle;
-3. a failing entry is retried or dead-lettered as :func:`after_failure` decides;
+3. a failing entry is retried or dead-lettered by the entry pipeline (``_pipeline``);
 4. end in exactly one way: finished (end marker or ``finish()``: complete the
    assignment, THEN release the lock), lost (the lock expired or was taken over:
    stop, ack nothing more, report it), or handed back (shutdown, cancellation, or
@@ -19,28 +19,17 @@ the stream, so a cancelled consumer leaves no lock or lease of its own behind.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
-from . import _tracing
 from ._backoff import Backoff
-from ._deadletter import DeadLetterReason, entry_dead_letter
+from ._deadletter import Pairs, entry_dead_letter
 from ._guard import log_failure
-from ._pipeline import (
-    GiveUp,
-    Hooks,
-    RetryAfter,
-    _call_within,
-    after_failure,
-    entry_caller,
-    handler_kind_problem,
-)
 from ._redis import DataEntry, text_fields
 from ._stream_acquire import StreamAcquisition
 from ._stream_end import StreamEndings
@@ -60,8 +49,6 @@ from ._wire import (
 from .exceptions import (
     NoSuchGroup,
 )
-from .message import Message
-from .metrics import EntryOutcome
 
 _EOS_TEXT: tuple[str | bytes, str | bytes] = (EOS_FIELD, EOS_VALUE)
 _EOS_BYTES: tuple[str | bytes, str | bytes] = (EOS_FIELD.encode(), EOS_VALUE.encode())
@@ -73,20 +60,17 @@ _RUN_FIELDS = (
 )
 """The fields that mark a DLQ replay's own entries, in either mode (see _run_entries)."""
 
-__all__ = [
-    "CLEANUP_TIMEOUT_S",
-    "GiveUp",
-    "Hooks",
-    "OwnedStream",
-    "RetryAfter",
-    "after_failure",
-    "entry_caller",
-    "handler_kind_problem",
-]
+__all__ = ["CLEANUP_TIMEOUT_S", "OwnedStream"]
 
 
 class OwnedStream(StreamAcquisition, StreamEndings):
-    """One assignment, from acquiring its stream's lock to finishing or giving it up."""
+    """One assignment, from acquiring its stream's lock to finishing or giving it up;
+    its seat in the entry pipeline (``_pipeline.Seat``) hands entries while the lock
+    is ours and acknowledges them with the next fenced read."""
+
+    loop = "stream"
+    ack_interval_s: float | None = None
+    last_flush = 0.0
 
     # -- the life ----------------------------------------------------------------------
 
@@ -159,7 +143,7 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                     host.metrics.loop_error(host.service, "stream")
                     delay = backoff.next_delay()
                     log_failure(self.log, f"stream {stream!r}", exc, delay)
-                    await self._pause(delay)
+                    await self.pause(delay)
                     continue
             backoff.reset()
             ok, top, batch = reply.owned, reply.top, reply.entries
@@ -198,49 +182,19 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                 await self._wait_for_entries(top, idle_left_s)
                 continue
             active_at = time.monotonic()
-            info = self.assignment.info
-            call = self._caller()
-            perf = time.perf_counter
-            durations: list[float] = []
-            record = durations.append
-            to_ack = self.to_ack
-            # One clock read per entry: when the previous call returned is when this
-            # one starts, and (through this batch's offset between the two clocks)
-            # what the lease check compares with its monotonic deadline.
-            started = perf()
-            offset = active_at - started
+            entries, end = _split_at_end(batch, eos_field, eos_value)
             self.handling = True
             try:
-                for entry_id, fields in batch:
-                    if fields.get(eos_field) == eos_value or self.finish_requested:
-                        self._count_handled(durations)
-                        marker = text_fields(fields)
-                        if is_eos(marker):
-                            self._eos = [entry_id]
-                            if CANCEL_FIELD in marker:
-                                return await self._cancel(marker[CANCEL_FIELD])
-                        return await self._finish()
-                    # Hot path: no extra await per entry while the lock was proved
-                    # ours within RECHECK_AFTER_S and the local lease is valid; the
-                    # slow path re-reads the lock, or waits for a heartbeat.
-                    if self.lost or host.draining or started + offset >= self.check_at:
-                        if not await self._lease_valid():
-                            break
-                        started = perf()
-                    try:
-                        await call(Message(stream, entry_id, fields, info, 1))
-                    except Exception as exc:
-                        if not await self._retry_entry(entry_id, fields, exc, started):
-                            break
-                        started = perf()
-                    else:
-                        now = perf()
-                        record(now - started)
-                        started = now
-                    to_ack.append(entry_id)
+                done = await host.pipeline.handle_batch(self, entries)
             finally:
                 self.handling = False
-            self._count_handled(durations)
+            if end is not None and done == len(entries):
+                marker = text_fields(end[1])
+                if is_eos(marker):
+                    self._eos = [end[0]]
+                    if CANCEL_FIELD in marker:
+                        return await self._cancel(marker[CANCEL_FIELD])
+                return await self._finish()
             if self.finish_requested:
                 return await self._finish()
 
@@ -263,30 +217,6 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         alone). Also the consumer's hint for the first read of other streams."""
         self.host.entry_size_hint = largest_bytes
         return self._count_for(largest_bytes)
-
-    def _caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
-        """What calls ``handle()``: the user's method itself, unless a call has a time
-        limit (``handler_timeout_s``) or a tracer provider is configured (a CONSUMER
-        span per call). Looked up once per batch."""
-        host = self.host
-        call: Callable[[Message[Any]], Awaitable[None]] = host.call_handle
-        timeout_s = host.config.handler_timeout_s
-        if timeout_s is not None:
-            call = functools.partial(_call_within, call, timeout_s)
-        tracer = _tracing.tracer()
-        if tracer is not None:
-            call = functools.partial(
-                _tracing.handle_in_span,
-                tracer,
-                call,
-                group=host.gateway.keys.group,
-                consumer=host.name,
-            )
-        return call
-
-    def _count_handled(self, durations: list[float]) -> None:
-        if durations:
-            self.host.metrics.entries_handled(self.host.service, EntryOutcome.OK, durations)
 
     async def _wait_for_entries(self, top: str, longest_s: float = math.inf) -> None:
         host = self.host
@@ -372,101 +302,60 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         self.confirmed(sent)
         return not self._stopping()
 
-    async def _retry_entry(
-        self, entry_id: str, fields: dict[Any, Any], first: Exception, started: float
-    ) -> bool:
-        """Attempts 2.. of an entry whose first ``handle()`` call, begun at ``started``
-        (``time.perf_counter()``), raised ``first``.
+    # -- its seat in the entry pipeline (_pipeline.Seat) ------------------------------
 
-        Returns:
-            True if the entry is done (handled or dead-lettered), False if the stream
-            was lost or shutdown began while retrying (the entry stays unacked).
-        """
-        host, cfg = self.host, self.host.config
-        attempt = 1
-        error: Exception = first
-        while True:
-            host.metrics.handler_failed(host.service)
-            step = after_failure(
-                error,
-                attempt,
-                max_attempts=cfg.max_handler_attempts,
-                backoff_s=cfg.handler_backoff_s,
-                backoff_max_s=cfg.handler_backoff_max_s,
-            )
-            if isinstance(step, GiveUp):
-                self.log.warning(
-                    "stream %r entry %s failed %d time(s) (%s): dead-lettering it",
-                    self.stream,
-                    entry_id,
-                    attempt,
-                    step.error,
-                )
-                if not await self._dead_letter(
-                    entry_id, text_fields(fields), attempt, step.error, step.rejected
-                ):
-                    return False
-                self._count_one(EntryOutcome.DEAD_LETTERED, started)
-                return True
-            if not await self._pause(step.delay_s) or not await self._lease_valid():
-                return False
-            attempt += 1
-            message = Message(self.stream, entry_id, fields, self.assignment.info, attempt)
-            try:
-                await self._caller()(message)
-            except Exception as exc:
-                error = exc
-                continue
-            self._count_one(EntryOutcome.RETRIED, started)
-            return True
+    @property
+    def info(self) -> Mapping[str, Any]:
+        return self.assignment.info
 
-    def _count_one(self, outcome: EntryOutcome, started: float) -> None:
-        elapsed = time.perf_counter() - started
-        self.host.metrics.entries_handled(self.host.service, outcome, (elapsed,))
+    def clear(self, now: float) -> bool:
+        # Hot path: no await per entry while the lock was proved ours within
+        # RECHECK_AFTER_S and the local lease is valid.
+        return not (self.lost or self.host.draining or self.finish_requested) and now < (
+            self.check_at
+        )
 
-    async def _dead_letter(
+    async def may_hand(self) -> bool:
+        # finish() ends the stream after the current entry, before the next one.
+        return not self.finish_requested and await self._lease_valid()
+
+    async def may_retry(self) -> bool:
+        return await self._lease_valid()
+
+    def holds(self) -> bool:
+        return not self.lost
+
+    def dead_letter(
         self,
         entry_id: str,
         fields: dict[str, str],
         attempts: int,
         error: str,
-        rejected: str | None = None,
-    ) -> bool:
-        """Append a dead letter for a data entry; True once it is written.
-
-        ``rejected``: the reason the handler gave with ``DeadLetter`` (reason
-        ``rejected``), or None (``handler_failed``)."""
-        host = self.host
-        reason = DeadLetterReason.HANDLER_FAILED if rejected is None else DeadLetterReason.REJECTED
-        letter = entry_dead_letter(
+        rejected: str | None,
+    ) -> Pairs:
+        return entry_dead_letter(
             fields,
             stream=self.stream,
             entry_id=entry_id,
             retry_count=self.assignment.retry_count,
             attempts=attempts,
-            owner=host.name,
+            owner=self.host.name,
             error=error,
             rejected=rejected,
             info=self.assignment.info,
             job=self.assignment.job,
         )
-        backoff = Backoff()
-        while True:
-            try:
-                _, trimmed = await host.gateway.dead_letter_entry(letter)
-            except Exception as exc:
-                host.metrics.loop_error(host.service, "stream")
-                delay = backoff.next_delay()
-                log_failure(self.log, f"stream {self.stream!r}: writing a dead letter", exc, delay)
-                if not await self._pause(delay):
-                    return False
-                continue
-            host.metrics.dead_lettered(host.service, reason)
-            _tracing.mark(
-                "streamjobs.dead_letter",
-                {**self.log_extra(), "entry_id": entry_id, "reason": reason.value},
-                parent=fields,
-            )
-            if trimmed > 0:
-                host.metrics.dlq_trimmed(host.service, trimmed)
-            return True
+
+    async def flush(self) -> None:
+        """Never due (``ack_interval_s`` is None): the next fenced read acknowledges."""
+
+
+def _split_at_end(
+    batch: list[DataEntry], field: str | bytes, value: str | bytes
+) -> tuple[list[DataEntry], DataEntry | None]:
+    """The entries of ``batch`` before its first end marker, and that marker (or None):
+    the marker is never handed to ``handle()``, and what follows it is not handled."""
+    for i, (_, fields) in enumerate(batch):
+        if fields.get(field) == value:
+            return batch[:i], batch[i]
+    return batch, None

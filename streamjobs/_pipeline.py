@@ -1,25 +1,40 @@
-"""The entry pipeline, shared by any consumer kind: the user's hooks, calling
-``handle()`` (a coroutine, or a plain function in a worker thread) within its
-timeout, and the pure decision after a failure (``Retry``, ``DeadLetter``, attempts,
-backoff) (docs/design.md#handling-entries)."""
+"""The entry pipeline, one for every consumer kind (docs/design.md#handling-entries).
+
+What happens to an entry once a consumer has read it is written here once:
+:class:`EntryPipeline` calls ``handle()`` (a coroutine, or a plain function in a worker
+thread) within its timeout and inside its span (a child of the entry's trace), decides
+after a failure (:func:`after_failure`: ``Retry``, ``DeadLetter``, attempts, backoff),
+writes the dead letter, and counts every outcome. A consumer kind supplies a
+:class:`Seat` per stream it reads: whether it may still hand entries, what to
+acknowledge, and what a dead letter carries. Nothing else differs between the kinds.
+"""
 
 from __future__ import annotations
 
+import enum
+import functools
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import anyio
 import anyio.to_thread
 
-from ._deadletter import describe_error
+from . import _tracing
+from ._backoff import Backoff
+from ._deadletter import DeadLetterReason, Pairs, describe_error
+from ._guard import log_failure
+from ._redis import text_fields
 from .exceptions import (
     DeadLetter,
     HandlerTimeout,
     Retry,
 )
 from .message import Message
+from .metrics import EntryOutcome, MetricsRecorder
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +154,313 @@ async def _call_within(
         await handle(message)
     if scope.cancelled_caught:
         raise HandlerTimeout(f"handle() did not return within {timeout_s}s")
+
+
+# -- what a consumer kind supplies, per stream ---------------------------------------------
+
+
+class Admit(enum.Enum):
+    """A kind's verdict on one entry before its ``handle()`` call (:class:`Seat`)."""
+
+    HAND = "hand"
+    """Hand it to ``handle()``."""
+    SKIP = "skip"
+    """Settled without a call (the seat acknowledged or dead-lettered it): go on."""
+    STOP = "stop"
+    """Hand nothing more of this batch: what is left stays pending."""
+
+
+class Seat(Protocol):
+    """One stream as a consumer kind reads it: all the pipeline asks of the kind.
+
+    The pipeline appends what it is done with (handled or dead-lettered) to ``to_ack``;
+    the kind sends the acknowledgements: with its next read (``ack_interval_s`` None),
+    or by :meth:`flush` once ``ack_interval_s`` has passed since ``last_flush``, and at
+    once after a dead letter (another consumer must not handle it again).
+    """
+
+    to_ack: list[str]
+    ack_interval_s: float | None
+    last_flush: float
+    """``time.perf_counter()`` of the last :meth:`flush`."""
+    loop: str
+    """The loop name its failures are counted under (``MetricsRecorder.loop_error``)."""
+
+    @property
+    def stream(self) -> str:
+        """The stream's name."""
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        """The ``info`` every message of this stream carries."""
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """The stream's logger; its ``extra`` is :meth:`log_extra`."""
+
+    def log_extra(self) -> dict[str, str]:
+        """What the stream's log lines and spans carry (service, stream, ...)."""
+
+    def clear(self, now: float) -> bool:
+        """True if the next entry may be handed at ``now`` (``time.monotonic()``)
+        without asking Redis or waiting: the hot path, once per entry, no await."""
+
+    async def may_hand(self) -> bool:
+        """When :meth:`clear` says no: may the next entry be handed to ``handle()``?
+        (It may wait for a heartbeat, or read the lock.) False ends the batch."""
+
+    async def may_retry(self) -> bool:
+        """May the current entry be tried again, after a failure and its backoff?"""
+
+    def holds(self) -> bool:
+        """The stream is still this consumer's to act on: a dead letter may be written."""
+
+    async def pause(self, delay_s: float) -> bool:
+        """Sleep ``delay_s``; False if a stop or a loss ended it early."""
+
+    def dead_letter(
+        self,
+        entry_id: str,
+        fields: dict[str, str],
+        attempts: int,
+        error: str,
+        rejected: str | None,
+    ) -> Pairs:
+        """The fields of the entry's dead letter (``_deadletter.entry_dead_letter``)."""
+
+    async def flush(self) -> None:
+        """Send the acknowledgements of ``to_ack`` now."""
+
+
+class DeadLetterSink(Protocol):
+    """Where dead letters go: the gateway (or its in-memory fake)."""
+
+    async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]: ...
+
+
+Admission = Callable[[str, Any], Awaitable[Admit]]
+
+
+class EntryPipeline:
+    """What happens to an entry once read, for every consumer kind.
+
+    Args:
+        handle: the user's ``handle`` (a coroutine function or a plain function).
+        config: ``handler_timeout_s``, ``max_handler_attempts`` and the backoff.
+        metrics: where outcomes are counted.
+        service: the service (a metrics label, and a span attribute).
+        consumer: the consumer's name (a span attribute).
+        group: the consumer group (a span attribute).
+        dead_letters: where dead letters are written.
+    """
+
+    def __init__(
+        self,
+        handle: Callable[[Message[Any]], Awaitable[None] | None],
+        *,
+        config: PipelineConfig,
+        metrics: MetricsRecorder,
+        service: str,
+        consumer: str,
+        group: str,
+        dead_letters: DeadLetterSink,
+    ) -> None:
+        self.call_handle = entry_caller(handle)
+        self.config = config
+        self.metrics = metrics
+        self.service = service
+        self.consumer = consumer
+        self.group = group
+        self.dead_letters = dead_letters
+
+    def caller(self) -> Callable[[Message[Any]], Awaitable[None]]:
+        """What calls ``handle()``: the user's function itself, unless a call has a time
+        limit (``handler_timeout_s``) or a tracer provider is configured (a CONSUMER
+        span per call, a child of the entry's trace). Looked up once per batch."""
+        call = self.call_handle
+        timeout_s = self.config.handler_timeout_s
+        if timeout_s is not None:
+            call = functools.partial(_call_within, call, timeout_s)
+        tracer = _tracing.tracer()
+        if tracer is not None:
+            call = functools.partial(
+                _tracing.handle_in_span, tracer, call, group=self.group, consumer=self.consumer
+            )
+        return call
+
+    async def handle_batch(
+        self,
+        seat: Seat,
+        batch: Sequence[tuple[str, Any]],
+        admit: Admission | None = None,
+    ) -> int:
+        """Hand ``batch`` to ``handle()`` in order, each entry queued in ``seat.to_ack``
+        once handled or dead-lettered. ``admit``, if given, is asked first for each
+        entry (a redelivered entry's crash-loop count, say).
+
+        Returns:
+            How many entries of ``batch`` are done; fewer than all if the seat said
+            stop (a loss, a stop, ``finish()``): the rest stay unacknowledged.
+        """
+        call = self.caller()
+        stream, info = seat.stream, seat.info
+        to_ack = seat.to_ack
+        flush_s = seat.ack_interval_s
+        perf = time.perf_counter
+        durations: list[float] = []
+        record = durations.append
+        done = 0
+        # One clock read per entry: when the previous call returned is when this one
+        # starts, and (through this batch's offset between the two clocks) what the
+        # seat's hot check compares with its monotonic deadlines.
+        started = perf()
+        offset = time.monotonic() - started
+        try:
+            for entry_id, fields in batch:
+                if not seat.clear(started + offset):
+                    if not await seat.may_hand():
+                        break
+                    started = perf()
+                if admit is not None:
+                    verdict = await admit(entry_id, fields)
+                    if verdict is Admit.STOP:
+                        break
+                    if verdict is Admit.SKIP:
+                        done += 1
+                        started = perf()
+                        continue
+                try:
+                    await call(Message(stream, entry_id, fields, info, 1))
+                except Exception as exc:
+                    outcome = await self._retry(seat, call, entry_id, fields, exc, started)
+                    if outcome is None:
+                        break
+                    to_ack.append(entry_id)
+                    done += 1
+                    started = perf()
+                    if outcome is EntryOutcome.DEAD_LETTERED and flush_s is not None:
+                        await seat.flush()  # so that no other consumer handles it again
+                    continue
+                now = perf()
+                record(now - started)
+                started = now
+                to_ack.append(entry_id)
+                done += 1
+                if flush_s is not None and now - seat.last_flush > flush_s:
+                    await seat.flush()
+        finally:
+            if durations:
+                self.metrics.entries_handled(self.service, EntryOutcome.OK, durations)
+        return done
+
+    async def _retry(
+        self,
+        seat: Seat,
+        call: Callable[[Message[Any]], Awaitable[None]],
+        entry_id: str,
+        fields: Mapping[Any, Any],
+        first: Exception,
+        started: float,
+    ) -> EntryOutcome | None:
+        """Attempts 2.. of an entry whose first call, begun at ``started``
+        (``time.perf_counter()``), raised ``first``.
+
+        Returns:
+            ``RETRIED`` or ``DEAD_LETTERED`` once the entry is done; None if the seat
+            stopped first (the entry stays unacknowledged, for whoever holds it next).
+        """
+        cfg = self.config
+        attempt, error = 1, first
+        while True:
+            self.metrics.handler_failed(self.service)
+            step = after_failure(
+                error,
+                attempt,
+                max_attempts=cfg.max_handler_attempts,
+                backoff_s=cfg.handler_backoff_s,
+                backoff_max_s=cfg.handler_backoff_max_s,
+            )
+            if isinstance(step, GiveUp):
+                seat.log.warning(
+                    "stream %r entry %s failed %d time(s) (%s): dead-lettering it",
+                    seat.stream,
+                    entry_id,
+                    attempt,
+                    step.error,
+                )
+                reason = (
+                    DeadLetterReason.HANDLER_FAILED
+                    if step.rejected is None
+                    else DeadLetterReason.REJECTED
+                )
+                letter = seat.dead_letter(
+                    entry_id, text_fields(fields), attempt, step.error, step.rejected
+                )
+                if not await self.dead_letter(seat, entry_id, letter, reason, fields):
+                    return None
+                self._count(EntryOutcome.DEAD_LETTERED, started)
+                return EntryOutcome.DEAD_LETTERED
+            if not await seat.pause(step.delay_s) or not await seat.may_retry():
+                return None
+            attempt += 1
+            try:
+                await call(Message(seat.stream, entry_id, fields, seat.info, attempt))
+            except Exception as exc:
+                error = exc
+                continue
+            self._count(EntryOutcome.RETRIED, started)
+            return EntryOutcome.RETRIED
+
+    async def dead_letter(
+        self,
+        seat: Seat,
+        entry_id: str,
+        letter: Pairs,
+        reason: DeadLetterReason,
+        entry_fields: Mapping[Any, Any],
+    ) -> bool:
+        """Write a data entry's dead letter, retrying the write while the seat holds the
+        stream; True once written, False if the seat stopped holding it first.
+
+        The dead letter's span is a child of the entry's own trace (``entry_fields``).
+        A second write for the same entry (a crash before its acknowledgement, or
+        another consumer) finds the first one's marker and writes nothing."""
+        backoff = Backoff()
+        while True:
+            if not seat.holds():
+                return False
+            try:
+                _, trimmed = await self.dead_letters.dead_letter_entry(letter)
+            except Exception as exc:
+                self.metrics.loop_error(self.service, seat.loop)
+                delay = backoff.next_delay()
+                log_failure(seat.log, f"stream {seat.stream!r}: writing a dead letter", exc, delay)
+                if not await seat.pause(delay):
+                    return False
+                continue
+            self.metrics.dead_lettered(self.service, reason)
+            if trimmed > 0:
+                self.metrics.dlq_trimmed(self.service, trimmed)
+            _tracing.mark(
+                "streamjobs.dead_letter",
+                {**seat.log_extra(), "entry_id": entry_id, "reason": reason.value},
+                parent=entry_fields,
+            )
+            return True
+
+    def _count(self, outcome: EntryOutcome, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        self.metrics.entries_handled(self.service, outcome, (elapsed,))
+
+
+class PipelineConfig(Protocol):
+    """The settings the pipeline reads (``ConsumerConfig`` has them)."""
+
+    @property
+    def handler_timeout_s(self) -> float | None: ...
+    @property
+    def max_handler_attempts(self) -> int: ...
+    @property
+    def handler_backoff_s(self) -> float: ...
+    @property
+    def handler_backoff_max_s(self) -> float: ...

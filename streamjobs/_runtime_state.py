@@ -20,7 +20,8 @@ import anyio.abc
 from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._coalesce import Coalescer
 from ._lifespan import Background
-from ._ownership import Hooks, OwnedStream, entry_caller
+from ._ownership import OwnedStream
+from ._pipeline import EntryPipeline, Hooks
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
 from ._redis import Gateway, StreamGateway
@@ -64,7 +65,6 @@ class RuntimeState:
         metrics: MetricsRecorder,
     ) -> None:
         self.hooks = hooks
-        self.call_handle = entry_caller(hooks.handle)
         self.gateway = gateway
         self.client = client
         self.config = config
@@ -75,6 +75,15 @@ class RuntimeState:
         self.name = name
         self.service = gateway.keys.service
         self.cluster_mode = cluster_mode
+        self.pipeline = EntryPipeline(
+            hooks.handle,
+            config=config,
+            metrics=self.metrics,
+            service=self.service,
+            consumer=name,
+            group=gateway.keys.group,
+            dead_letters=gateway,
+        )
         self.recoverer = Recoverer(
             gateway,
             max_retries=recovery.max_retries,

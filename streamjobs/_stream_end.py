@@ -49,7 +49,7 @@ class StreamEndings(StreamState):
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
                 log_failure(self.log, f"stream {self.stream!r}: finishing", exc, delay)
-                if not await self._pause(delay):
+                if not await self.pause(delay):
                     return Outcome.LOST if self.lost else Outcome.STOPPED
         if not done:
             self.mark_lost()
@@ -180,7 +180,7 @@ class StreamEndings(StreamState):
                 delay = backoff.next_delay()
                 host.metrics.loop_error(host.service, "stream")
                 log_failure(self.log, f"dead-lettering stream {self.stream!r}", failure, delay)
-                if not await self._pause(delay):
+                if not await self.pause(delay):
                     return Outcome.LOST if self.lost else Outcome.STOPPED
         host.disown(self)
         return Outcome.SETTLED

@@ -8,7 +8,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import anyio
@@ -16,9 +16,7 @@ import anyio.to_thread
 
 from . import _tracing
 from ._cluster_waiter import ClusterWaiter
-from ._pipeline import (
-    Hooks,
-)
+from ._pipeline import EntryPipeline, Hooks
 from ._recovery import Recoverer
 from ._redis import ReadReply, StreamGateway
 from ._waiter import Waiter
@@ -28,7 +26,6 @@ from .exceptions import (
     ScriptError,
     WrongKeyType,
 )
-from .message import Message
 from .metrics import MetricsRecorder, StreamEvent
 
 log = logging.getLogger("streamjobs._ownership")  # one logger for the parts of an owned stream
@@ -61,8 +58,8 @@ class Host(Protocol):
     """``NONE``: every key is on one server, so a script may span slots."""
     metrics: MetricsRecorder
     hooks: Hooks
-    call_handle: Callable[[Message[Any]], Awaitable[None]]
-    """``hooks.handle`` as a coroutine function (:func:`entry_caller`)."""
+    pipeline: EntryPipeline
+    """What hands each entry to ``hooks.handle`` (retries, dead letters, counts)."""
     service: str
     name: str
     entry_size_hint: int
@@ -109,8 +106,6 @@ class Outcome(enum.Enum):
 
 class StreamState:
     """One assignment's stream: its state, and the calls the runtime makes on it."""
-
-    """One assignment, from acquiring its stream's lock to finishing or giving it up."""
 
     def __init__(self, host: Host, assignment: Assignment) -> None:
         self.host = host
@@ -261,7 +256,7 @@ class StreamState:
             "assignment_id": self.assignment.id,
         }
 
-    async def _pause(self, delay_s: float) -> bool:
+    async def pause(self, delay_s: float) -> bool:
         """Sleep ``delay_s`` unless the stream is lost or shutdown starts; True if it slept."""
         deadline = time.monotonic() + delay_s
         while True:

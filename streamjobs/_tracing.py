@@ -102,7 +102,7 @@ async def handle_in_span(
 def mark(
     name: str,
     attributes: Mapping[str, AttributeValue],
-    parent: Mapping[str, str] | None = None,
+    parent: Mapping[Any, Any] | None = None,
 ) -> None:
     """Record a point event (``streamjobs.requeue``, ``streamjobs.dead_letter``, ...)
     as a span of its own, a child of ``parent``'s trace context when given."""

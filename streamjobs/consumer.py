@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from ._keys import Keys
-from ._ownership import handler_kind_problem
+from ._pipeline import handler_kind_problem
 from ._redis import Gateway
 from ._runtime import Runtime
 from ._stats import ConsumerStatistics

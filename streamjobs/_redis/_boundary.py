@@ -172,16 +172,24 @@ async def _initialized(target: Any) -> None:
         await target.initialize()
 
 
+def _core_of(target: Any) -> CommandsBase | None:
+    """The gateway a decorated method runs on: the gateway itself, or the one a command
+    group it holds (``gateway.groups``) names as its ``core``."""
+    if isinstance(target, CommandsBase):
+        return target
+    core = getattr(target, "core", None)
+    return core if isinstance(core, CommandsBase) else None
+
+
 def _translating(
     in_script: bool, *, limited: bool | Literal["off-channel"] = True
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
     def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            core = _core_of(args[0]) if args else None
             try:
                 if args:  # the gateway's client, or the client a module function takes
-                    await _initialized(
-                        args[0].client if isinstance(args[0], CommandsBase) else args[0]
-                    )
+                    await _initialized(core.client if core is not None else args[0])
                 result = await fn(*args, **kwargs)
             except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
                 raise translate(exc, in_script=in_script) from exc
@@ -189,8 +197,8 @@ def _translating(
                 raise
             except Exception as exc:
                 raise UnexpectedClientError(f"{type(exc).__name__}: {exc}") from exc
-            if args and isinstance(args[0], CommandsBase):
-                args[0].last_ok = time.monotonic()  # readiness: Redis answered
+            if core is not None:
+                core.last_ok = time.monotonic()  # readiness: Redis answered
             return result
 
         @functools.wraps(fn)
@@ -198,9 +206,10 @@ def _translating(
             # A gateway method takes one of its consumer's command slots (nested
             # calls of the same task reuse it), so the connections a consumer opens
             # stay bounded however many of its streams act at once.
-            limiter = getattr(args[0], "limiter", None) if limited and args else None
+            owner = (_core_of(args[0]) or args[0]) if args else None
+            limiter = getattr(owner, "limiter", None) if limited else None
             if limited == "off-channel":
-                channel = getattr(args[0], "channel", None)
+                channel = getattr(owner, "channel", None)
                 if channel is not None:  # its commands share the channel's connections
                     async with channel.room:
                         return await call(*args, **kwargs)

@@ -9,6 +9,7 @@ import anyio
 from .._keys import Keys
 from .._scripts import MAX_COPY_VALUES, Scripts
 from ._assignments import AssignmentCommands
+from ._groups import GroupCommands
 from ._liveness import LivenessCommands
 from ._streams import StreamCommands
 from ._writes import ProducerCommands
@@ -41,3 +42,5 @@ class Gateway(ProducerCommands, AssignmentCommands, StreamCommands, LivenessComm
         self._is_cluster = hasattr(client, "get_primaries")
         self.last_ok: float | None = None
         """When (``time.monotonic()``) a command of this gateway last got a reply."""
+        self.groups = GroupCommands(self)
+        """The steps of shared consumer groups (``GroupConsumer``)."""

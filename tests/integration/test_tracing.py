@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from streamjobs import ConsumerConfig, DeadLetter, Message, Producer
-from tests.harness.plugin import ConsumerFactory
+from streamjobs import ConsumerConfig, DeadLetter, DeadLetters, GroupConsumer, Message, Producer
+from tests.harness.plugin import ConsumerFactory, cluster_mode_for
 
 from ._helpers import Recorder, eventually
 
@@ -89,6 +89,55 @@ async def test_each_handle_call_is_a_consumer_span_child_of_the_producer(
     assert len(letters) == 1
     assert letters[0].context.trace_id == parents[bad_id].trace_id
     assert (letters[0].attributes or {})["entry_id"] == bad_id
+
+
+class RefusingGroup(GroupConsumer):
+    async def handle(self, message: Message) -> None:
+        if message.fields.get("n") == "bad":
+            raise DeadLetter("refused")
+
+
+async def test_a_group_consumer_s_spans_are_children_of_the_entry_s_trace(
+    redis: Any, service: str, uid: str, exporter: InMemorySpanExporter
+) -> None:
+    """Both kinds share one entry pipeline: a GroupConsumer's handle() span and its dead
+    letter's span belong to the trace of the span that appended the entry."""
+    producer = Producer(redis, service=service)
+    stream = f"traced-group:{uid}"
+    tracer = trace.get_tracer("test")
+    parents = {}
+    for n in ("ok", "bad"):
+        with tracer.start_as_current_span(f"produce {n}") as span:
+            parents[n] = (await producer.append(stream, {"n": n}), span.get_span_context())
+    consumer = RefusingGroup(
+        redis,
+        service=service,
+        streams=[stream],
+        start_id="0",
+        cluster_mode=cluster_mode_for(redis),
+        config=ConsumerConfig(max_handler_attempts=1, lock_ttl_s=1.0, read_block_ms=100),
+    )
+    dlq = DeadLetters(redis, service=service)
+    async with consumer:
+
+        async def settled() -> bool:
+            return await dlq.length() == 1 and consumer.statistics().entries.get("ok") == 1
+
+        await eventually(settled)
+    spans = exporter.get_finished_spans()
+    by_id = {
+        (s.attributes or {})["messaging.message.id"]: s
+        for s in spans
+        if s.kind is SpanKind.CONSUMER
+    }
+    for entry_id, parent in parents.values():
+        assert by_id[entry_id].parent is not None
+        assert by_id[entry_id].parent.span_id == parent.span_id
+        assert (by_id[entry_id].attributes or {})["messaging.consumer.group.name"] == service
+    (letter,) = [s for s in spans if s.name == "streamjobs.dead_letter"]
+    bad_id, bad_parent = parents["bad"]
+    assert letter.context.trace_id == bad_parent.trace_id
+    assert (letter.attributes or {})["entry_id"] == bad_id
 
 
 async def test_a_hand_back_is_a_span(

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streamjobs import DeadLetter, Retry
-from streamjobs._ownership import GiveUp, RetryAfter, after_failure
+from streamjobs._pipeline import GiveUp, RetryAfter, after_failure
 
 BACKOFF_S = 0.1
 CAP_S = 5.0
