@@ -23,7 +23,6 @@ import logging
 import math
 import random
 import secrets
-import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -35,13 +34,13 @@ from ._backoff import Backoff
 from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._deadletter import GROUP_FIELD, REASON_FIELD, DeadLetterReason, Pairs, entry_dead_letter
 from ._guard import log_failure
-from ._lifespan import Background
+from ._lifecycle import Lifecycle
 from ._pipeline import Admit, EntryPipeline
 from ._redis import Channel, Gateway, text_fields, translate
 from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
 from .config import ConsumerConfig, GroupRetention, RecoveryConfig
-from .exceptions import HookFailed, NoSuchGroup, RedisUnavailable, StreamJobsError
+from .exceptions import NoSuchGroup, RedisUnavailable
 from .message import Message
 from .metrics import MetricsRecorder, StreamEvent
 
@@ -497,15 +496,11 @@ class GroupRuntime:
             service=self.service,
             configure_flags=recovery.configure_keyspace_events,
         )
-        self.running = False
-        self._stop = anyio.Event()
-        self._ready = anyio.Event()
-        self._stopped = anyio.Event()
-        self._background = Background()
+        self.life = Lifecycle(hooks)
 
     def health(self) -> tuple[bool, str]:
         """Alive: running, and Redis answered within two session TTLs."""
-        if not self.running:
+        if not self.life.active:
             return False, "not running"
         last = self.gateway.last_ok
         if last is None or time.monotonic() - last > 2 * self.ttl_s:
@@ -514,7 +509,7 @@ class GroupRuntime:
 
     def readiness(self) -> tuple[bool, str]:
         """Ready: running, and a live member on every stream."""
-        if not self.running or not self._ready.is_set():
+        if not self.life.started:
             return False, "not started"
         missing = [lane.stream for lane in self.lanes if lane.dead]
         if missing:
@@ -525,7 +520,7 @@ class GroupRuntime:
         return self.tally.statistics(
             service=self.service,
             consumer=self.name,
-            running=self.running and self._ready.is_set(),
+            running=self.life.started,
             healthy=self.health()[0],
             ready=self.readiness()[0],
             owned_streams=sum(1 for lane in self.lanes if not lane.dead),
@@ -534,38 +529,24 @@ class GroupRuntime:
         )
 
     async def wait_ready(self) -> None:
-        await self._ready.wait()
+        await self.life.wait_ready()
 
     async def aclose(self) -> None:
-        self._stop.set()
-        if self.running:
-            await self._stopped.wait()
+        await self.life.aclose()
 
     async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
-        """``async with consumer``: start ``run`` in the background."""
-        await self._background.start(run)
+        await self.life.enter(run)
 
     async def exit(self) -> None:
-        self._stop.set()
-        await self._background.wait()
-
-    async def _hook(self, name: str) -> None:
-        try:
-            await getattr(self.hooks, name)()
-        except Exception as exc:
-            raise HookFailed(name, exc) from exc
+        await self.life.exit()
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
-        if self.running:
-            raise StreamJobsError("this consumer is already running")
-        self.running = True
-        self._stopped = anyio.Event()
-        # As StreamConsumer's: commands of all lanes share one connection per node (the
-        # command channel), and what goes outside it holds one of redis_concurrency
-        # slots, so the connections grow with the nodes, not with the streams.
-        self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
-        self.gateway.scripts.channel = Channel(self.gateway.client)
-        try:
+        async with self.life.running():
+            # As StreamConsumer's: commands of all lanes share one connection per node
+            # (the command channel), and what goes outside it holds one of
+            # redis_concurrency slots, so connections grow with nodes, not streams.
+            self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
+            self.gateway.scripts.channel = Channel(self.gateway.client)
             try:
                 await self.gateway.load_scripts()
             except Exception as exc:
@@ -573,7 +554,7 @@ class GroupRuntime:
                 if isinstance(error, RedisUnavailable):
                     raise error from exc
                 raise
-            await self._hook("on_startup")
+            await self.life.hook("on_startup")
             self.lanes = [Lane(self, stream) for stream in self.streams]
             async with anyio.create_task_group() as loops:
                 await loops.start(self.waiter.run)
@@ -587,26 +568,12 @@ class GroupRuntime:
                     with anyio.move_on_after(self.ttl_s):
                         for lane in self.lanes:
                             await lane.joined.wait()
-                    self._ready.set()
+                    self.life.ready.set()
                     task_status.started()
-                    await self._stop.wait()
+                    await self.life.stop.wait()
                     for lane in self.lanes:
                         lane.stop(self.config.shutdown_grace_s)
                 loops.cancel_scope.cancel()
-        finally:
-            raising = sys.exc_info()[0] is not None
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self._hook("on_shutdown")
-                except HookFailed as exc:
-                    if not raising:
-                        raise
-                    log.error("%s (while run() ended with another error)", exc)
-                finally:
-                    self.running = False
-                    self._stop = anyio.Event()
-                    self._ready = anyio.Event()
-                    self._stopped.set()
 
     # -- the shared loops --------------------------------------------------------------
 

@@ -21,7 +21,6 @@ unlocked) in a shielded, bounded step.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -43,7 +42,6 @@ from ._stats import ConsumerStatistics
 from .config import ClusterMode
 from .exceptions import (
     ConfigurationError,
-    HookFailed,
     PermissionDenied,
     RedisUnavailable,
     StreamJobsError,
@@ -64,12 +62,12 @@ class Runtime(RuntimeIntake):
         return frozenset(s for s, o in self.owned.items() if not o.lost)
 
     async def wait_ready(self) -> None:
-        await self._ready.wait()
+        await self.life.wait_ready()
 
     def health(self) -> tuple[bool, str]:
         """Liveness: running, with an event loop that turned within
         ``HEALTHY_WITHIN_S``. Safe to call from another thread (reads numbers only)."""
-        if not (self.running and self._ready.is_set()):
+        if not self.life.started:
             return False, "not running"
         silent_s = time.monotonic() - self._pulse_at
         if silent_s >= HEALTHY_WITHIN_S:
@@ -97,7 +95,7 @@ class Runtime(RuntimeIntake):
         return self.tally.statistics(
             service=self.service,
             consumer=self.name,
-            running=self.running and self._ready.is_set(),
+            running=self.life.started,
             healthy=self.health()[0],
             ready=self.readiness()[0],
             owned_streams=len(self.owned_streams()),
@@ -115,94 +113,59 @@ class Runtime(RuntimeIntake):
 
     async def reset_topology(self) -> None:
         if self.cluster_mode is ClusterMode.OSS:
-            if not self.running:
+            if not self.life.active:
                 raise StreamJobsError("reset_topology() needs a running consumer")
             await self.loops.reset_topology()
 
     async def aclose(self) -> None:
-        self._stop.set()
-        if self.running:
-            await self._stopped.wait()
+        await self.life.aclose()
 
     async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
-        """``async with consumer``: start ``run`` in the background."""
-        await self._background.start(run)
+        await self.life.enter(run)
 
     async def exit(self) -> None:
-        self._stop.set()
-        await self._background.wait()
+        await self.life.exit()
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
-        if self.running:
-            raise StreamJobsError("this consumer is already running")
-        self.running = True
-        self._stopped = anyio.Event()
-        self._intake_done = anyio.Event()
-        self._draining = False
-        # Each run() is a new incarnation (docs/design.md#sessions): a session of an
-        # earlier run that was seen dead, or whose end failed, never comes back, and
-        # locks that run left behind read as dead at once.
-        self.session_confirmed_at = None
-        self._new_incarnation()
-        session = False
-        try:
-            if isinstance(self.gateway, Gateway):
-                self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
-                self.gateway.scripts.channel = Channel(self.gateway.client)
-            await self._start_up_through_blips()
-            await self._user_hook("on_startup")
-            await self._touch_session()
-            session = True
-            await self._forget_stop()
-            async with anyio.create_task_group() as tg:
-                await tg.start(self._host_streams)
-                if self.waiter is not None:
-                    await tg.start(self.waiter.run)
-                tg.start_soon(self._heartbeat_loop)
-                tg.start_soon(self._intake_loop)
-                tg.start_soon(self._pulse_loop)
-                if self._sampled and self.config.sample_interval_s is not None:
-                    tg.start_soon(self._sample_loop, self.config.sample_interval_s)
-                await self.loops.start(tg)
-                self._ready.set()
-                task_status.started()
-                try:
-                    await self._stop.wait()
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self._drain()
-                tg.cancel_scope.cancel()
-        finally:
-            if session:
-                await self._end_session()
-            await self._shut_down(raising=sys.exc_info()[0] is not None)
-            self.running = False
-            # A stop ends this run only: the next run() starts with a fresh stop signal
-            # and waits to be ready again. (Reset here, not at the start, so that an
-            # aclose() that came before run() got going still stops it.)
-            self._stop = anyio.Event()
-            self._ready = anyio.Event()
-            self._stopped.set()
-
-    async def _user_hook(self, name: str) -> None:
-        """Call the user's lifecycle hook ``name``; what it raises becomes
-        :class:`HookFailed`, naming it (cancellation passes through)."""
-        try:
-            await getattr(self.hooks, name)()
-        except Exception as exc:
-            raise HookFailed(name, exc) from exc
-
-    async def _shut_down(self, *, raising: bool) -> None:
-        """``on_shutdown``, last in ``run()``: every stream has been handed back.
-        Shielded: it runs when ``run()`` is cancelled too. Its error is raised only
-        when ``run()`` is not ending with another one (``raising``); then it is logged."""
-        with anyio.CancelScope(shield=True):
+        async with self.life.running():
+            self._intake_done = anyio.Event()
+            self._draining = False
+            # Each run() is a new incarnation (docs/design.md#sessions): a session of an
+            # earlier run that was seen dead, or whose end failed, never comes back, and
+            # locks that run left behind read as dead at once.
+            self.session_confirmed_at = None
+            self._new_incarnation()
+            session = False
             try:
-                await self._user_hook("on_shutdown")
-            except HookFailed as exc:
-                if not raising:
-                    raise
-                log.error("%s (while run() ended with another error)", exc)
+                if isinstance(self.gateway, Gateway):
+                    self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
+                    self.gateway.scripts.channel = Channel(self.gateway.client)
+                await self._start_up_through_blips()
+                await self.life.hook("on_startup")
+                await self._touch_session()
+                session = True
+                await self._forget_stop()
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self._host_streams)
+                    if self.waiter is not None:
+                        await tg.start(self.waiter.run)
+                    tg.start_soon(self._heartbeat_loop)
+                    tg.start_soon(self._intake_loop)
+                    tg.start_soon(self._pulse_loop)
+                    if self._sampled and self.config.sample_interval_s is not None:
+                        tg.start_soon(self._sample_loop, self.config.sample_interval_s)
+                    await self.loops.start(tg)
+                    self.life.ready.set()
+                    task_status.started()
+                    try:
+                        await self.life.stop.wait()
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._drain()
+                    tg.cancel_scope.cancel()
+            finally:
+                if session:
+                    await self._end_session()
 
     async def _check_eviction_policy(self) -> None:
         """Refuse to start (unless ``require_noeviction`` is off) when Redis may evict

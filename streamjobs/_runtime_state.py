@@ -19,7 +19,7 @@ import anyio.abc
 
 from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._coalesce import Coalescer
-from ._lifespan import Background
+from ._lifecycle import Lifecycle
 from ._ownership import OwnedStream
 from ._pipeline import EntryPipeline, Hooks
 from ._recovery import Recoverer
@@ -124,12 +124,9 @@ class RuntimeState:
         self._slot_freed = anyio.Event()
         self._all_done = anyio.Event()
         self._all_done.set()
-        self._stop = anyio.Event()
         self._intake_done = anyio.Event()
-        self._stopped = anyio.Event()
-        self._ready = anyio.Event()
         self._draining = False
-        self.running = False
+        self.life = Lifecycle(hooks)
         self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
         self.session_mode = config.liveness is Liveness.SESSION
         self.session_confirmed_at: float | None = None
@@ -138,7 +135,6 @@ class RuntimeState:
         self._group_missing = False  # intake's last read found no group
         self._streams_tg: anyio.abc.TaskGroup | None = None
         self._stream_tasks: set[asyncio.Task[None]] = set()  # see _start_stream
-        self._background = Background()
         self._leases: Coalescer[str, bool] = Coalescer(self._take_leases)
 
     # -- what OwnedStream needs (the Host protocol) --------------------------------------

@@ -33,13 +33,14 @@ import anyio.abc
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
 from . import _cli_ops as ops
+from ._base_consumer import probes
 from ._http import HealthServer
 from ._redis import is_tls_failure, ping
 from ._urls import ENV_VAR, BadRedisURL, check, redact, scrub
 from .config import ClusterMode, ConsumerConfig, Liveness, RecoveryConfig, default_min_idle_s
-from .consumer import StreamConsumer, probes
+from .consumer import StreamConsumer
 from .exceptions import ConfigurationError, InvalidStreamName, StreamJobsError
-from .group import GroupConsumer, group_probes
+from .group import GroupConsumer
 from .prometheus import PrometheusRecorder
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -580,9 +581,7 @@ def open_metrics(
     port, host = ns.metrics_port, ns.metrics_host
     if not 0 <= port <= 65535:
         raise CliError(f"--metrics-port: {port} is not a port number (0 to 65535)")
-    healthy, ready = (
-        group_probes(consumer) if isinstance(consumer, GroupConsumer) else probes(consumer)
-    )
+    healthy, ready = probes(consumer)
     try:
         server = HealthServer(recorder.registry, healthy=healthy, ready=ready, host=host, port=port)
     except (OSError, OverflowError) as exc:

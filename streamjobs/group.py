@@ -16,18 +16,22 @@ shared and recovered:
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Generic, final, get_args, get_origin
+from collections.abc import Sequence
+from typing import Any, ClassVar, final
 
-import anyio
-import anyio.abc
-
+from ._base_consumer import BaseConsumer
+from ._checks import (
+    PoolNeed,
+    check_block,
+    check_client,
+    check_cluster_mode,
+    check_consumer_name,
+    check_pool,
+    default_consumer_name,
+)
 from ._group import GroupRuntime
 from ._keys import Keys
-from ._pipeline import handler_kind_problem
 from ._redis import Gateway
-from ._stats import ConsumerStatistics
 from ._waiter import shard_count
 from .config import (
     ClusterMode,
@@ -36,53 +40,29 @@ from .config import (
     RecoveryConfig,
     default_min_idle_s,
 )
-from .consumer import _check_block, _check_client, _check_cluster_mode, _default_consumer_name
 from .exceptions import ConfigurationError
-from .message import F, Message
+from .message import F
 from .metrics import MetricsRecorder, NullRecorder, complete
 
 _START_IDS = ("0", "$")
 
 
-def _field_type(cls: type) -> type[str] | type[bytes] | None:
-    for klass in cls.__mro__:
-        for base in klass.__dict__.get("__orig_bases__", ()):
-            origin = get_origin(base)
-            if isinstance(origin, type) and issubclass(origin, GroupConsumer):
-                args = get_args(base)
-                if args and args[0] in (str, bytes):
-                    return args[0]  # type: ignore[no-any-return]
-    return None
-
-
-def _check_pool(redis: Any, config: ConsumerConfig, streams: int, cluster: bool) -> None:
-    """The client's pool must hold the consumer's command slots (``redis_concurrency``),
-    the command channel's connection, and on a standalone server one shared blocking
-    read per 1,250 idle streams. On a cluster idle streams wait on keyspace
-    subscriptions, whose connections are not the pool's: a cluster client's default
-    pool (100 per node) serves any number of streams. A smaller pool runs out under
-    load (``MaxConnectionsError``)."""
-    pool = getattr(redis, "connection_pool", None)
-    limit = getattr(pool, "max_connections", None)
-    if limit is None:
-        limit = (getattr(redis, "connection_kwargs", None) or {}).get("max_connections")
-    shards = 0 if cluster else shard_count(streams)
-    needed = config.redis_concurrency + shards + 2
-    if not isinstance(limit, int) or limit >= needed:
-        return
-    waits = f" and {shards} shared blocking reads for {streams} streams" if shards else ""
-    field = "streams" if shards > 1 and limit >= needed - shards + 1 else "redis_concurrency"
-    raise ConfigurationError(
-        field,
-        f"the consumer needs {needed} connections (redis_concurrency="
-        f"{config.redis_concurrency} command slots, the command channel's, one spare"
-        f"{waits}), but the client's pool allows {limit}: create the client with "
-        f"max_connections>={needed}, or lower redis_concurrency"
-        + (", or read fewer streams" if field == "streams" else ""),
+def _pool_need(config: ConsumerConfig, streams: int, cluster: bool) -> PoolNeed:
+    """A ``GroupConsumer``'s connections: its command slots, the command channel's and
+    a spare, and on a standalone server one shared blocking read per 1,250 idle
+    streams. On a cluster idle streams wait on keyspace subscriptions, whose
+    connections are not the pool's: a cluster client's default pool (100 per node)
+    serves any number of streams."""
+    return PoolNeed(
+        slots=config.redis_concurrency,
+        fixed=2,
+        shards=0 if cluster else shard_count(streams),
+        streams=streams,
+        streams_field="streams",
     )
 
 
-class GroupConsumer(abc.ABC, Generic[F]):
+class GroupConsumer(BaseConsumer[F]):
     """Base class of a shared-group consumer: implement :meth:`handle`.
 
     Every consumer of ``service`` reads :attr:`streams` in the consumer group named
@@ -125,9 +105,6 @@ class GroupConsumer(abc.ABC, Generic[F]):
     streams: ClassVar[Sequence[str]] = ()
     """The streams a subclass reads, unless the constructor's ``streams=`` names others."""
 
-    fields_type: ClassVar[type[str] | type[bytes]] = str
-    """What ``handle()`` gets field names and values as (``GroupConsumer[bytes]``)."""
-
     def __init__(
         self,
         redis: Any,
@@ -148,9 +125,9 @@ class GroupConsumer(abc.ABC, Generic[F]):
             raise ConfigurationError("retention", "must be a GroupRetention")
         recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
         recovery.check_against(config)
-        _check_client(redis)
-        _check_block(redis, config)
-        _check_cluster_mode(redis, cluster_mode)
+        check_client(redis)
+        check_block(redis, config)
+        check_cluster_mode(redis, cluster_mode)
         names = type(self).streams if streams is None else streams
         if isinstance(names, str | bytes):
             raise ConfigurationError("streams", "must be a sequence of stream names, not one name")
@@ -172,13 +149,12 @@ class GroupConsumer(abc.ABC, Generic[F]):
             keys.check_data_stream(stream)
         if recovery.dlq_stream is not None:
             keys.check_dlq_name(recovery.dlq_stream)
-        _check_pool(redis, config, len(chosen), cluster_mode is not ClusterMode.NONE)
-        name = consumer_name or _default_consumer_name()
-        if not name or any(c.isspace() for c in name):
-            raise ConfigurationError("consumer_name", "must be non-empty, without whitespace")
+        check_pool(redis, _pool_need(config, len(chosen), cluster_mode is not ClusterMode.NONE))
+        name = consumer_name or default_consumer_name()
+        check_consumer_name(name)
         gateway = Gateway(redis, keys, dlq=recovery.dlq_stream, dlq_maxlen=recovery.dlq_maxlen)
         gateway.raw_fields = type(self).fields_type is bytes
-        self.__runtime = GroupRuntime(
+        runtime = GroupRuntime(
             self,
             gateway,
             client=redis,
@@ -191,123 +167,25 @@ class GroupConsumer(abc.ABC, Generic[F]):
             cluster=cluster_mode is not ClusterMode.NONE,
             retention=retention,
         )
+        super().__init__(runtime)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        declared = _field_type(cls)
-        if declared is not None and "fields_type" not in cls.__dict__:
-            cls.fields_type = declared
-        if cls.fields_type not in (str, bytes):
-            raise ConfigurationError(
-                "fields_type",
-                f"{cls.__qualname__}.fields_type must be str or bytes, got {cls.fields_type!r}",
-            )
         if isinstance(cls.__dict__.get("streams"), str):
             raise ConfigurationError(
                 "streams", f"{cls.__qualname__}.streams must be a list of names, not one name"
             )
-        handle = cls.__dict__.get("handle")
-        problem = None if handle is None else handler_kind_problem(handle)
-        if problem is not None:
-            raise ConfigurationError(
-                "handle",
-                f"{cls.__qualname__}.handle is {problem}: define it as "
-                "'async def handle(self, message)' or a plain 'def handle(self, message)'",
-            )
-
-    # -- the subclass contract -----------------------------------------------------------
-
-    @abc.abstractmethod
-    def handle(self, message: Message[F]) -> Awaitable[None] | None:
-        """Process one entry, as ``StreamConsumer.handle()`` does: ``async def`` or a
-        plain ``def`` (run in a worker thread); return to have it acknowledged, raise
-        `Retry` or `DeadLetter`, or any other exception to retry with backoff up to
-        ``max_handler_attempts``. ``message.info`` is empty (entries of a shared group
-        come from any producer, not from an assignment)."""
-
-    async def on_startup(self) -> None:
-        """Called once by :meth:`run` before the first read; if it raises, ``run()``
-        raises :class:`HookFailed` and nothing is read."""
-
-    async def on_shutdown(self) -> None:
-        """Called once at the end of :meth:`run`, after the last handler returned."""
 
     # -- public framework API ------------------------------------------------------------
 
     @final
     @property
-    def service(self) -> str:
-        return self.__runtime.service
-
-    @final
-    @property
-    def consumer_name(self) -> str:
-        return self.__runtime.name
-
-    @final
-    @property
     def read_streams(self) -> tuple[str, ...]:
         """The streams this consumer reads."""
-        return self.__runtime.streams
-
-    @final
-    @property
-    def redis(self) -> Any:
-        """The Redis client this consumer was built with, for a handler's own commands."""
-        return self.__runtime.client
-
-    @final
-    def statistics(self) -> ConsumerStatistics:
-        """A frozen snapshot: streams with a live member (``owned_streams``), batches
-        being handled, the last Redis reply and reclaim pass, health and readiness, and
-        counts of what happened (entries, dead letters, reclaimed and trimmed entries)."""
-        return self.__runtime.statistics()
-
-    @final
-    async def wait_ready(self) -> None:
-        """Wait until :meth:`run` has joined the group on every stream (or tried for
-        one session TTL)."""
-        await self.__runtime.wait_ready()
-
-    @final
-    async def aclose(self) -> None:
-        """Stop gracefully and wait until :meth:`run` returned: reads stop, the call in
-        flight gets ``shutdown_grace_s``, what was handled is acknowledged, and what
-        was read but not handled goes to the other consumers at once."""
-        await self.__runtime.aclose()
-
-    @final
-    async def __aenter__(self) -> GroupConsumer[F]:
-        await self.__runtime.enter(self.run)
-        return self
-
-    @final
-    async def __aexit__(self, *exc: object) -> None:
-        await self.__runtime.exit()
-
-    @final
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Consume until :meth:`aclose` is called or this task is cancelled.
-
-        Raises:
-            RedisUnavailable: Redis could not be reached at start-up.
-            HookFailed: ``on_startup`` or ``on_shutdown`` raised.
-        """
-        await self.__runtime.run(task_status)
-
-
-def group_probes(
-    consumer: GroupConsumer[Any],
-) -> tuple[Callable[[], tuple[bool, str]], Callable[[], tuple[bool, str]]]:
-    """``consumer``'s liveness and readiness checks, callable from any thread (the
-    worker's HTTP endpoint); each answers (ok, a one-line reason)."""
-    runtime = group_runtime_of(consumer)
-    return runtime.health, runtime.readiness
+        return group_runtime_of(self).streams
 
 
 def group_runtime_of(consumer: GroupConsumer[Any]) -> GroupRuntime:
     """The private runtime of ``consumer``: for this package's white-box tests only."""
-    runtime: GroupRuntime = consumer._GroupConsumer__runtime  # type: ignore[attr-defined]
+    runtime: GroupRuntime = consumer._BaseConsumer__runtime  # type: ignore[attr-defined]
     return runtime

@@ -82,7 +82,7 @@ async def test_the_framework_keeps_one_instance_attribute_and_no_private_methods
     consumer_factory: ConsumerFactory,
 ) -> None:
     c = consumer_factory(Plain)
-    assert set(vars(c)) == {"_StreamConsumer__runtime"}
+    assert set(vars(c)) == {"_BaseConsumer__runtime"}
     private = {
         name
         for name in vars(StreamConsumer)

@@ -120,7 +120,7 @@ async def test_unexpected_errors_in_every_loop_do_not_end_run(fake: FakeGateway)
         async with running(runtime) as run:
             await eventually(lambda: hooks.ended == ["s1"], "s1 to finish")
             assert not run.done.is_set(), "run() ended"
-            assert runtime.running
+            assert runtime.life.active
     assert hooks.handled_ids() == ids
     assert_nothing_held(fake)
 
