@@ -26,7 +26,7 @@ letter (``handler_failed``) is appended before the entry is acked, so a crash in
 between leaves a duplicate dead letter, never a lost entry.
 
 An entry too large for a script to copy field by field (more than
-``_scripts.MAX_COPY_VALUES`` names and values in all), or one with a field named
+``_redis._scripts.MAX_COPY_VALUES`` names and values in all), or one with a field named
 ``_fields_json`` itself, is dead-lettered with the metadata as fields and its
 original fields in one field ``_fields_json``: a JSON array
 ``[name, value, name, value, ...]`` encoded by the script (cjson).

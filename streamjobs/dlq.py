@@ -50,7 +50,7 @@ from ._deadletter import DeadLetterReason, DeadLetterRecord, parse_dead_letter
 from ._dlq_types import DeadLetterFilter, Progress, Replayed, ReplayReport, _check_id
 from ._keys import DEFAULT_PREFIX, Keys
 from ._operator import OperatorGateway
-from ._scripts import MAX_COPY_VALUES
+from ._redis._scripts import MAX_COPY_VALUES
 from ._wire import (
     EOS_FIELD,
     EOS_VALUE,

@@ -16,7 +16,6 @@ from .._deadletter import (
     Pairs,
     flatten,
 )
-from .._scripts import NAMES, source
 from .._wire import (
     FIRST_ID_FIELD,
     LOST_AT_FIELD,
@@ -42,6 +41,7 @@ from ._boundary import (
 from ._protocol import (
     Pending,
 )
+from ._scripts import NAMES, source
 
 
 class AssignmentCommands(CommandsBase):

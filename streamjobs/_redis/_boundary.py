@@ -8,13 +8,12 @@ import contextvars
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar
+from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 from redis import exceptions as rex
 
 from .._keys import Keys
-from .._scripts import Scripts
 from ..exceptions import (
     NoSuchGroup,
     PermissionDenied,
@@ -24,9 +23,8 @@ from ..exceptions import (
     StreamJobsError,
     WrongKeyType,
 )
-
-if TYPE_CHECKING:
-    from ._channel import Channel
+from ._channel import Channel, release_to_node
+from ._scripts import Scripts
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -85,7 +83,7 @@ class UnexpectedClientError(RedisUnavailable):
 
 class EntryTooLarge(ScriptError):
     """TOOLARGE: ``requeue.lua`` refused to copy an assignment with more fields than
-    one XADD in a script can carry (``_scripts.MAX_COPY_VALUES``). Nothing was written:
+    one XADD in a script can carry (``_redis._scripts.MAX_COPY_VALUES``). Nothing was written:
     the assignment is still pending, and recovery dead-letters it as ``too_large``."""
 
 
@@ -241,17 +239,6 @@ channelled_command = _translating(in_script=False, limited="off-channel")
 blocking = _translating(in_script=False, limited=False)
 """Decorator: like :func:`translated`, for a blocking read, which takes no command
 slot (a long wait must not starve the others; the pool check counts these)."""
-
-
-def _release(node: Any, connection: Any) -> None:
-    """Give a connection back to a cluster node's pool: ``ClusterNode.release`` where
-    it exists (redis-py 6+); redis-py 5 has no such method, and takes connections
-    back through its free queue."""
-    release = getattr(node, "release", None)
-    if release is not None:
-        release(connection)
-    else:
-        node._free.append(connection)
 
 
 async def _raw_transaction(connection: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
@@ -551,5 +538,5 @@ class CommandsBase:
                     await self.client.exists(key)
             raise
         finally:
-            _release(node, connection)
+            release_to_node(node, connection)
         return _exec_replies(replies)

@@ -85,6 +85,17 @@ _LOST = (rex.ConnectionError, rex.TimeoutError, OSError)
 """What a link raises when its node cannot be reached."""
 
 
+def release_to_node(node: Any, connection: Any) -> None:
+    """Give a connection back to a cluster node's pool: ``ClusterNode.release`` where
+    it exists (redis-py 6+); redis-py 5 has no such method, and takes connections
+    back through its free queue."""
+    release = getattr(node, "release", None)
+    if release is not None:
+        release(connection)
+    else:
+        node._free.append(connection)
+
+
 def is_redirect(exc: BaseException) -> bool:
     """The reply says the key's slot lives elsewhere (``MOVED`` or ``ASK``)."""
     return isinstance(exc, rex.AskError) or (  # MovedError is an AskError
@@ -278,9 +289,7 @@ class Channel:
                 return connection
 
             async def give_node(connection: Any) -> None:
-                from ._boundary import _release
-
-                _release(connection._streamjobs_node, connection)
+                release_to_node(connection._streamjobs_node, connection)
 
             link = self._links[name] = _Link(take_node, give_node, self._count)
         return link

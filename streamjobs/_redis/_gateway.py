@@ -7,10 +7,10 @@ from typing import Any
 import anyio
 
 from .._keys import Keys
-from .._scripts import MAX_COPY_VALUES, Scripts
 from ._assignments import AssignmentCommands
 from ._groups import GroupCommands
 from ._liveness import LivenessCommands
+from ._scripts import MAX_COPY_VALUES, Scripts
 from ._streams import StreamCommands
 from ._writes import ProducerCommands
 
@@ -26,7 +26,7 @@ class Gateway(ProducerCommands, AssignmentCommands, StreamCommands, LivenessComm
 
     Attributes:
         max_copy_values: the most field names and values a script copies field by
-            field (``_scripts.MAX_COPY_VALUES``; tests lower it).
+            field (``_redis._scripts.MAX_COPY_VALUES``; tests lower it).
     """
 
     def __init__(self, client: Any, keys: Keys, *, dlq: str | None = None, dlq_maxlen: int = 0):

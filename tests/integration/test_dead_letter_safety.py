@@ -351,7 +351,7 @@ async def test_a_custom_dlq_with_the_service_tag_receives_dead_letters(
 async def test_the_largest_assignment_that_is_requeued_field_by_field(
     redis: AsyncRedis, service: str, uid: str
 ) -> None:
-    from streamjobs._scripts import MAX_COPY_VALUES
+    from streamjobs._redis._scripts import MAX_COPY_VALUES
 
     keys = Keys(service)
     gw = Gateway(redis, keys)
@@ -377,7 +377,7 @@ async def test_the_largest_assignment_that_is_requeued_field_by_field(
 async def test_dead_letters_switch_to_the_json_form_exactly_past_the_limit(
     redis: AsyncRedis, service: str, extra: int
 ) -> None:
-    from streamjobs._scripts import MAX_COPY_VALUES
+    from streamjobs._redis._scripts import MAX_COPY_VALUES
 
     keys = Keys(service)
     meta = meta_for(keys, "0-1")

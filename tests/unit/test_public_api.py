@@ -40,7 +40,7 @@ def test_package_ships_typed_marker_and_lua() -> None:
 
     root = files("streamjobs")
     assert (root / "py.typed").is_file()
-    from streamjobs._scripts import NAMES, source
+    from streamjobs._redis._scripts import NAMES, source
 
     for name in NAMES:
         text = source(name)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoScriptError
 
 if TYPE_CHECKING:
-    from ._redis._channel import Channel
+    from ._channel import Channel
 
 MAX_COPY_VALUES = 7_800
 """The most field names and values a script passes to one XADD.
@@ -24,47 +24,12 @@ refuses (``TOOLARGE``), the dead-letter scripts carry the original fields in one
 field instead (docs/design.md#wire-format). The margin below 8,000 leaves room for the
 values already on the stack."""
 
-NAMES = (
-    "add",
-    "acquire",
-    "extend",
-    "fence",
-    "stray",
-    "claim",
-    "release",
-    "finish",
-    "requeue",
-    "dead_letter",
-    "dlq_add",
-    "lease",
-    "sweep",
-    "prune_consumers",
-    "seal",
-    "complete",
-    "cancel",
-    "signal_cancel",
-    "skip_unread",
-    "start_job",
-    "replay_assignment",
-    "replay_entry",
-    "prune_names",
-    "session",
-    "next_due",
-    "group_join",
-    "group_beat",
-    "group_ack",
-    "group_reclaim",
-    "group_leave",
-    "group_replay",
-    "group_trim",
-)
-
 
 _INCLUDE = re.compile(r"^--#include (\w+)$", re.MULTILINE)
 
 
 def _read(name: str) -> str:
-    return (files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+    return (files("streamjobs") / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
 @cache
@@ -101,43 +66,51 @@ class Script:
 
 
 class Scripts:
-    """The scripts of one client.
+    """The scripts of one client, one attribute per ``lua/<name>.lua`` (its name).
 
     Attributes:
         channel: where the scripts run (``None``: through the client itself).
     """
 
+    channel: Channel | None
+    add: Script
+    acquire: Script
+    extend: Script
+    fence: Script
+    stray: Script
+    claim: Script
+    release: Script
+    finish: Script
+    requeue: Script
+    dead_letter: Script
+    dlq_add: Script
+    lease: Script
+    sweep: Script
+    prune_consumers: Script
+    seal: Script
+    complete: Script
+    cancel: Script
+    signal_cancel: Script
+    skip_unread: Script
+    start_job: Script
+    replay_assignment: Script
+    replay_entry: Script
+    prune_names: Script
+    session: Script
+    next_due: Script
+    group_join: Script
+    group_beat: Script
+    group_ack: Script
+    group_reclaim: Script
+    group_leave: Script
+    group_replay: Script
+    group_trim: Script
+
     def __init__(self, client: Any) -> None:
-        self.channel: Channel | None = None
-        self.add = Script(self, client, "add")
-        self.acquire = Script(self, client, "acquire")
-        self.extend = Script(self, client, "extend")
-        self.fence = Script(self, client, "fence")
-        self.stray = Script(self, client, "stray")
-        self.claim = Script(self, client, "claim")
-        self.release = Script(self, client, "release")
-        self.finish = Script(self, client, "finish")
-        self.requeue = Script(self, client, "requeue")
-        self.dead_letter = Script(self, client, "dead_letter")
-        self.dlq_add = Script(self, client, "dlq_add")
-        self.lease = Script(self, client, "lease")
-        self.sweep = Script(self, client, "sweep")
-        self.prune_consumers = Script(self, client, "prune_consumers")
-        self.seal = Script(self, client, "seal")
-        self.complete = Script(self, client, "complete")
-        self.cancel = Script(self, client, "cancel")
-        self.signal_cancel = Script(self, client, "signal_cancel")
-        self.skip_unread = Script(self, client, "skip_unread")
-        self.start_job = Script(self, client, "start_job")
-        self.replay_assignment = Script(self, client, "replay_assignment")
-        self.replay_entry = Script(self, client, "replay_entry")
-        self.prune_names = Script(self, client, "prune_names")
-        self.session = Script(self, client, "session")
-        self.next_due = Script(self, client, "next_due")
-        self.group_join = Script(self, client, "group_join")
-        self.group_beat = Script(self, client, "group_beat")
-        self.group_ack = Script(self, client, "group_ack")
-        self.group_reclaim = Script(self, client, "group_reclaim")
-        self.group_leave = Script(self, client, "group_leave")
-        self.group_replay = Script(self, client, "group_replay")
-        self.group_trim = Script(self, client, "group_trim")
+        self.channel = None
+        for name in NAMES:
+            setattr(self, name, Script(self, client, name))
+
+
+NAMES = tuple(name for name in Scripts.__annotations__ if name != "channel")
+"""Every script's name: its file ``lua/<name>.lua`` and its attribute of :class:`Scripts`."""
