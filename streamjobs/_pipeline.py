@@ -84,14 +84,19 @@ def after_failure(
 # -- what a stream needs from its consumer --------------------------------------------------
 
 
-class Hooks(Protocol):
-    """The user's side of the contract (``StreamConsumer`` satisfies it). ``handle`` is
-    a coroutine function or a plain function (run in a worker thread: see
-    :func:`entry_caller`)."""
+class BaseHooks(Protocol):
+    """The user's side of every consumer kind: ``handle`` (a coroutine function or a
+    plain function, run in a worker thread: see :func:`entry_caller`) and the two
+    lifecycle hooks."""
 
     def handle(self, message: Message[Any]) -> Awaitable[None] | None: ...
     async def on_startup(self) -> None: ...
     async def on_shutdown(self) -> None: ...
+
+
+class Hooks(BaseHooks, Protocol):
+    """The user's side of a ``StreamConsumer``: also the hooks of an owned stream."""
+
     async def on_stream_start(self, stream: str, info: Mapping[str, Any]) -> None: ...
     async def on_stream_end(self, stream: str) -> None: ...
     async def on_stream_lost(self, stream: str) -> None: ...
