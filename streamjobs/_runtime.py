@@ -22,39 +22,173 @@ unlocked) in a shielded, bounded step.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from ._backoff import Backoff
+from ._cluster_waiter import ClusterWaiter, idle_wait
+from ._coalesce import Coalescer
 from ._guard import LoopGuard, log_failure
-from ._intake import RuntimeIntake
-from ._ownership import CLEANUP_TIMEOUT_S
-from ._redis import REDIS_FAILURES, Channel, Gateway, eviction_policies
-from ._runtime_state import (
-    HEALTHY_WITHIN_S,
-    PULSE_S,
-    READY_WITHIN_S,
-    log,
-)
-from ._stats import ConsumerStatistics
-from .config import ClusterMode
+from ._intake import Intake
+from ._lifecycle import Lifecycle
+from ._pipeline import EntryPipeline, Hooks
+from ._recovery import Recoverer
+from ._recovery_loops import RecoveryLoops
+from ._redis import REDIS_FAILURES, Channel, Gateway, StreamGateway, eviction_policies
+from ._runtime_liveness import Liveness, log
+from ._stats import ConsumerStatistics, Tally
+from ._stream_state import CLEANUP_TIMEOUT_S, StreamState
+from ._waiter import Waiter
+from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .exceptions import (
     ConfigurationError,
     PermissionDenied,
     RedisUnavailable,
     StreamJobsError,
 )
-from .metrics import RequeueOutcome
+from .metrics import MetricsRecorder, NullRecorder, RequeueOutcome, complete
 
+PULSE_S = 1.0
+"""How often the pulse loop turns, and how long Redis may be silent before a PING."""
+READY_WITHIN_S = 5.0
+"""Ready only if a command got a reply this recently."""
+HEALTHY_WITHIN_S = 10.0
+"""Healthy only if the pulse loop turned this recently (the event loop is not stuck)."""
 START_UP_RETRY_S = 15.0
 """How long start-up is tried again while Redis is unavailable before ``run()`` raises."""
 
 
-class Runtime(RuntimeIntake):
-    """One running consumer: its public operations, start-up, the task group, and the
-    two-phase shutdown (its state, liveness and intake are its bases)."""
+class Runtime:
+    """One running consumer: its state, what its streams call on it (the ``Host`` of
+    ``_stream_state``), its public operations, start-up, the task group and the
+    two-phase shutdown. Its intake and liveness are collaborators it holds
+    (``_intake.Intake``, ``_runtime_liveness.Liveness``). Constructing it does no I/O.
+
+    Args:
+        hooks: the user's ``handle()`` and hooks.
+        gateway: the Redis commands (or a fake of them).
+        client: the Redis client, for keyspace subscriptions (unused in PROXY mode).
+        name: the consumer's name in the consumer groups.
+    """
+
+    def __init__(
+        self,
+        hooks: Hooks,
+        gateway: StreamGateway,
+        *,
+        client: Any,
+        name: str,
+        config: ConsumerConfig,
+        recovery: RecoveryConfig,
+        cluster_mode: ClusterMode,
+        metrics: MetricsRecorder,
+    ) -> None:
+        self.hooks = hooks
+        self.gateway = gateway
+        self.client = client
+        self.config = config
+        self.tally = Tally(complete(metrics))
+        self.metrics: MetricsRecorder = self.tally
+        # Sampling the queue is for a recorder's gauges: not done for the default one.
+        self._sampled = type(metrics) is not NullRecorder
+        self.name = name
+        self.service = gateway.keys.service
+        self.cluster_mode = cluster_mode
+        self.pipeline = EntryPipeline(
+            hooks.handle,
+            config=config,
+            metrics=self.metrics,
+            service=self.service,
+            consumer=name,
+            group=gateway.keys.group,
+            dead_letters=gateway,
+        )
+        self.recoverer = Recoverer(
+            gateway,
+            max_retries=recovery.max_retries,
+            metrics=self.metrics,
+            service=self.service,
+            consumer=name,
+        )
+        self.loops = RecoveryLoops(
+            client,
+            gateway,
+            self.recoverer,
+            recovery=recovery,
+            consumer=config,
+            cluster_mode=cluster_mode,
+            metrics=self.metrics,
+            name=name,
+        )
+        self.owned: dict[str, StreamState] = {}
+        self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
+        shared = (cluster_mode is ClusterMode.NONE and client is not None) or (
+            cluster_mode is ClusterMode.OSS and isinstance(gateway, Gateway)
+        )
+        self.waiter: Waiter | ClusterWaiter | None = (
+            idle_wait(
+                client,
+                gateway,
+                cluster=cluster_mode is ClusterMode.OSS,
+                block_ms=config.read_block_ms,
+                streams=config.max_concurrent_streams,
+                metrics=self.metrics,
+                service=self.service,
+                configure_flags=recovery.configure_keyspace_events,
+            )
+            if shared
+            else None
+        )
+        self._draining = False
+        self.life = Lifecycle(hooks)
+        self.liveness = Liveness(self)
+        self.intake = Intake(self, self.liveness)
+        self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
+        self._leases: Coalescer[str, bool] = Coalescer(self._take_leases)
+
+    # -- what OwnedStream needs (the Host protocol) --------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def session_confirmed_at(self) -> float | None:
+        return self.liveness.confirmed_at
+
+    @property
+    def lock_ttl_ms(self) -> int:
+        cfg = self.config
+        return cfg.session_lock_ttl_ms if self.liveness.session_mode else cfg.lock_ttl_ms
+
+    async def take_lease(self, assignment_id: str) -> bool:
+        return await self._leases(assignment_id)
+
+    async def _take_leases(self, ids: Sequence[str]) -> list[bool]:
+        return await self.gateway.take_leases(ids, self.name, self.lock_ttl_ms)
+
+    def lock_token(self) -> str:
+        return self.liveness.lock_token()
+
+    def adopt(self, stream: StreamState) -> None:
+        previous = self.owned.get(stream.stream)
+        if previous is not None and previous is not stream:
+            # This consumer took the stream again (it stalled past its TTL and then
+            # read its own re-queued assignment): the new lock proves the old one gone.
+            previous.mark_lost()
+        self.owned[stream.stream] = stream
+        self.metrics.owned_streams(self.service, len(self.owned))
+
+    def disown(self, stream: StreamState) -> None:
+        if self.owned.get(stream.stream) is stream:
+            del self.owned[stream.stream]
+            self.metrics.owned_streams(self.service, len(self.owned))
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.intake.spawn(fn)
 
     # -- public operations (StreamConsumer delegates here) -------------------------------
 
@@ -86,7 +220,7 @@ class Runtime(RuntimeIntake):
         silent_s = time.monotonic() - last_ok
         if silent_s >= READY_WITHIN_S:
             return False, f"Redis has not answered for {silent_s:.1f}s"
-        if self._group_missing:
+        if self.intake.group_missing:
             return False, "the assignment stream's consumer group does not exist"
         return True, "ready"
 
@@ -99,7 +233,7 @@ class Runtime(RuntimeIntake):
             healthy=self.health()[0],
             ready=self.readiness()[0],
             owned_streams=len(self.owned_streams()),
-            in_flight_handlers=sum(1 for o in self._streams if o.handling),
+            in_flight_handlers=sum(1 for o in self.intake.streams if o.handling),
             last_redis_ok=last_ok,
         )
 
@@ -128,13 +262,13 @@ class Runtime(RuntimeIntake):
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with self.life.running():
-            self._intake_done = anyio.Event()
+            self.intake.reset()
             self._draining = False
             # Each run() is a new incarnation (docs/design.md#sessions): a session of an
             # earlier run that was seen dead, or whose end failed, never comes back, and
             # locks that run left behind read as dead at once.
-            self.session_confirmed_at = None
-            self._new_incarnation()
+            self.liveness.confirmed_at = None
+            self.liveness.new_incarnation()
             session = False
             try:
                 if isinstance(self.gateway, Gateway):
@@ -142,15 +276,15 @@ class Runtime(RuntimeIntake):
                     self.gateway.scripts.channel = Channel(self.gateway.client)
                 await self._start_up_through_blips()
                 await self.life.hook("on_startup")
-                await self._touch_session()
+                await self.liveness.touch_session()
                 session = True
-                await self._forget_stop()
+                await self.liveness.forget_stop()
                 async with anyio.create_task_group() as tg:
-                    await tg.start(self._host_streams)
+                    await tg.start(self.intake.host_streams)
                     if self.waiter is not None:
                         await tg.start(self.waiter.run)
-                    tg.start_soon(self._heartbeat_loop)
-                    tg.start_soon(self._intake_loop)
+                    tg.start_soon(self.liveness.heartbeat_loop)
+                    tg.start_soon(self.intake.loop)
                     tg.start_soon(self._pulse_loop)
                     if self._sampled and self.config.sample_interval_s is not None:
                         tg.start_soon(self._sample_loop, self.config.sample_interval_s)
@@ -165,7 +299,7 @@ class Runtime(RuntimeIntake):
                     tg.cancel_scope.cancel()
             finally:
                 if session:
-                    await self._end_session()
+                    await self.liveness.end_session()
 
     async def _check_eviction_policy(self) -> None:
         """Refuse to start (unless ``require_noeviction`` is off) when Redis may evict
@@ -231,35 +365,27 @@ class Runtime(RuntimeIntake):
 
     # -- orchestration -----------------------------------------------------------------
 
-    async def _host_streams(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with anyio.create_task_group() as streams:
-            self._streams_tg = streams
-            task_status.started()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                await self._stop_streams()
-
     async def _drain(self) -> None:
         """Phases 2 and 3 of shutdown: stop intake, drain within the grace period, cancel."""
         self._draining = True
-        self._wake_intake()
+        intake = self.intake
+        intake.wake()
         # The intake read in flight is allowed to finish: an assignment the server
         # already delivered is handed back, never left pending without a lock. Only
         # then do streams stop: a stream handed back earlier could be re-read by that
         # very read, and bounce back once more.
         with anyio.move_on_after(self.config.read_block_ms / 1000 + CLEANUP_TIMEOUT_S):
-            await self._intake_done.wait()
+            await intake.done.wait()
         # Streams not in a handler stop now and are handed back; one in a handler
         # stops when the call returns, or is cancelled after the grace period.
-        for stream in list(self._streams):
+        for stream in list(intake.streams):
             stream.interrupt()
         with anyio.move_on_after(self.config.shutdown_grace_s):
-            await self._all_done.wait()
-        for stream in list(self._streams):
+            await intake.all_done.wait()
+        for stream in list(intake.streams):
             stream.cancel()
         with anyio.move_on_after(CLEANUP_TIMEOUT_S * 3):
-            await self._all_done.wait()
+            await intake.all_done.wait()
 
     async def _pulse_loop(self) -> None:
         """Proves the event loop turns (liveness) and that Redis answers (readiness):

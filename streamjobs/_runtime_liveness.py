@@ -1,147 +1,207 @@
-"""A runtime's liveness (docs/design.md#liveness): its session (incarnation, renewal,
+"""A consumer's liveness (docs/design.md#liveness): its session (incarnation, renewal,
 end) under ``Liveness.SESSION``, the extension of its locks under ``Liveness.LOCK``,
-and the heartbeat loops that do either."""
+and the heartbeat loops that do either. :class:`Liveness` is held by the runtime."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import secrets
+import socket
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
 from ._guard import log_failure
-from ._ownership import CLEANUP_TIMEOUT_S
-from ._runtime_state import (
-    RuntimeState,
-    log,
-)
+from ._redis import StreamGateway
+from ._session import new_incarnation, session_token
+from ._stream_state import CLEANUP_TIMEOUT_S, StreamState
+from .config import ConsumerConfig
+from .config import Liveness as LivenessMode
+from .metrics import MetricsRecorder
+
+log = logging.getLogger("streamjobs._runtime")
 
 
-class RuntimeLiveness(RuntimeState):
-    """Sessions, lock extension and the heartbeat."""
+class LivenessHost(Protocol):
+    """The runtime, as its liveness sees it."""
 
-    async def _touch_session(self) -> None:
+    gateway: StreamGateway
+    config: ConsumerConfig
+    metrics: MetricsRecorder
+    service: str
+    name: str
+    owned: dict[str, StreamState]
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def lock_ttl_ms(self) -> int: ...
+
+
+class Liveness:
+    """Sessions, lock extension and the heartbeat of one consumer (its runtime holds
+    one).
+
+    Args:
+        host: the runtime: its streams (``owned``), settings, gateway and metrics.
+    """
+
+    def __init__(self, host: LivenessHost) -> None:
+        self.host = host
+        self.session_mode = host.config.liveness is LivenessMode.SESSION
+        self.confirmed_at: float | None = None
+        """Under ``Liveness.SESSION``: when (monotonic) the call that last renewed the
+        session was sent, or None while there is no live session; under
+        ``Liveness.LOCK`` always None."""
+        self._changed = anyio.Event()
+        self.new_incarnation()
+
+    def new_incarnation(self) -> None:
+        """A new session identity: at each start, and after a session was found dead."""
+        self.incarnation = new_incarnation()
+        self._value = json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at": time.time(),
+                "incarnation": self.incarnation,
+            }
+        )
+
+    def lock_token(self) -> str:
+        """A fresh token for a stream's lock: one naming the session under
+        ``Liveness.SESSION``, else the consumer's name and random digits."""
+        host = self.host
+        if self.session_mode:
+            return session_token(self.incarnation, host.name, host.service)
+        return f"{host.name}:{secrets.token_hex(8)}"
+
+    async def touch_session(self) -> None:
         """Renew this consumer's session key (one lock TTL): what tells operators, and
         the pruning of consumer names, that it is alive; under ``Liveness.SESSION``
         also what keeps its locks valid."""
         if self.session_mode:
-            await self._renew_session()
+            await self.renew_session()
             return
         try:
-            await self.gateway.touch_session(
-                self.name, self._session_value, self.config.lock_ttl_ms
+            await self.host.gateway.touch_session(
+                self.host.name, self._value, self.host.config.lock_ttl_ms
             )
         except Exception as exc:
-            self.metrics.loop_error(self.service, "heartbeat")
+            self.host.metrics.loop_error(self.host.service, "heartbeat")
             log_failure(log, "renewing the consumer session", exc, 0.0)
 
-    async def _forget_stop(self) -> None:
+    async def forget_stop(self) -> None:
         """A consumer name that starts again (a fixed ``consumer_name``) is no longer
         one that stopped. Best effort: the record is for ``status`` only."""
         try:
-            await self.gateway.record_stop(self.name, False)
+            await self.host.gateway.record_stop(self.host.name, False)
         except Exception as exc:
             log_failure(log, "clearing the consumer's stop record", exc, 0.0)
 
-    async def _end_session(self) -> None:
+    async def end_session(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT_S):
             try:
                 if self.session_mode:
-                    if self.session_confirmed_at is not None:
-                        await self.gateway.session(
+                    if self.confirmed_at is not None:
+                        await self.host.gateway.session(
                             "end",
-                            self.name,
-                            self._session_value,
-                            self.config.lock_ttl_ms,
-                            self._incarnation,
+                            self.host.name,
+                            self._value,
+                            self.host.config.lock_ttl_ms,
+                            self.incarnation,
                         )
-                    self.session_confirmed_at = None
+                    self.confirmed_at = None
                 else:
-                    await self.gateway.end_session(self.name)
-                await self.gateway.record_stop(self.name, True)
+                    await self.host.gateway.end_session(self.host.name)
+                await self.host.gateway.record_stop(self.host.name, True)
             except Exception as exc:
                 log_failure(log, "ending the consumer session", exc, 0.0)
 
-    def _session_live(self) -> bool:
-        at = self.session_confirmed_at
-        cfg = self.config
+    def session_live(self) -> bool:
+        at = self.confirmed_at
+        cfg = self.host.config
         return at is not None and time.monotonic() < at + cfg.lock_ttl_s - cfg.margin_s
 
-    async def _renew_session(self) -> bool:
+    async def renew_session(self) -> bool:
         """Create or renew the session (``Liveness.SESSION``); True if it is live now.
 
         A session found expired or replaced is never renewed: every stream it held is
         lost (recovery may already have given its lock to someone else), and the next
         call starts a new incarnation.
         """
-        cfg = self.config
-        live = [o for o in self.owned.values() if not o.lost]
-        mode: Any = "create" if self.session_confirmed_at is None else "renew"
+        cfg = self.host.config
+        live = [o for o in self.host.owned.values() if not o.lost]
+        mode: Any = "create" if self.confirmed_at is None else "renew"
         sent = time.monotonic()
         try:
-            ok = await self.gateway.session(
-                mode, self.name, self._session_value, cfg.lock_ttl_ms, self._incarnation
+            ok = await self.host.gateway.session(
+                mode, self.host.name, self._value, cfg.lock_ttl_ms, self.incarnation
             )
         except Exception as exc:
-            self.metrics.heartbeat(self.service, False)
+            self.host.metrics.heartbeat(self.host.service, False)
             log_failure(log, "renewing the consumer session", exc, 0.0)
             for o in live:
                 o.heartbeat_failed()
             return False
         if not ok:
-            self.metrics.heartbeat(self.service, False)
+            self.host.metrics.heartbeat(self.host.service, False)
             log.warning(
                 "the session of consumer %r expired or was replaced (a stall past the "
                 "lock TTL?): its %d streams are lost; starting a new session",
-                self.name,
+                self.host.name,
                 len(live),
             )
-            self.session_confirmed_at = None
-            self._new_incarnation()
+            self.confirmed_at = None
+            self.new_incarnation()
             for o in live:
-                if not o.ending and self.owned.get(o.stream) is o:
+                if not o.ending and self.host.owned.get(o.stream) is o:
                     o.mark_lost()
             return False
-        self.session_confirmed_at = sent
-        changed, self._session_changed = self._session_changed, anyio.Event()
+        self.confirmed_at = sent
+        changed, self._changed = self._changed, anyio.Event()
         changed.set()
-        self.metrics.heartbeat(self.service, True)
+        self.host.metrics.heartbeat(self.host.service, True)
         for o in live:
             o.renew(sent)
         return True
 
-    async def _wait_for_session(self) -> None:
+    async def wait_for_session(self) -> None:
         """Intake under ``Liveness.SESSION`` takes nothing without a live session: a
         lock naming a session that does not exist would be taken over at once."""
-        while self.session_mode and not self._session_live() and not self._draining:
-            with anyio.move_on_after(min(self.config.heartbeat_s, 1.0)):
-                await self._session_changed.wait()
+        while self.session_mode and not self.session_live() and not self.host.draining:
+            with anyio.move_on_after(min(self.host.config.heartbeat_s, 1.0)):
+                await self._changed.wait()
 
     async def _session_heartbeat_loop(self) -> None:
-        cfg = self.config
+        cfg = self.host.config
         retry_s = min(cfg.heartbeat_s, 0.5)
         delay = cfg.heartbeat_s
         while True:
             await anyio.sleep(delay)
-            if not await self._renew_session():
+            if not await self.renew_session():
                 delay = retry_s
                 continue
             delay = cfg.heartbeat_s
             try:
                 await self._extend_due_locks()
             except Exception as exc:
-                self.metrics.loop_error(self.service, "heartbeat")
+                self.host.metrics.loop_error(self.host.service, "heartbeat")
                 log_failure(log, "extending locks", exc, 0.0)
 
     async def _extend_due_locks(self) -> None:
         """Under ``Liveness.SESSION``, extend the locks whose long TTL
         (``session_lock_ttl_ms``) is a third gone: a few per heartbeat, not all."""
-        ttl_ms = self.lock_ttl_ms
+        ttl_ms = self.host.lock_ttl_ms
         now = time.monotonic()
         due = [
             o
-            for o in self.owned.values()
+            for o in self.host.owned.values()
             if not o.lost
             and o.acquired
             and not o.lock_cut
@@ -149,46 +209,46 @@ class RuntimeLiveness(RuntimeState):
         ]
         if not due:
             return
-        results = await self.gateway.extend_many([(o.stream, o.token) for o in due], ttl_ms)
+        results = await self.host.gateway.extend_many([(o.stream, o.token) for o in due], ttl_ms)
         renewed = []
         for o, extended in zip(due, results, strict=True):
             if extended:
                 o.lock_extended_at = now
                 renewed.append(o.assignment.id)
-            elif extended is False and not o.ending and self.owned.get(o.stream) is o:
+            elif extended is False and not o.ending and self.host.owned.get(o.stream) is o:
                 o.mark_lost()
-        await self.gateway.record_leases(renewed, ttl_ms, new=False)
+        await self.host.gateway.record_leases(renewed, ttl_ms, new=False)
 
-    async def _heartbeat_loop(self) -> None:
+    async def heartbeat_loop(self) -> None:
         if self.session_mode:
             await self._session_heartbeat_loop()
             return
-        cfg = self.config
+        cfg = self.host.config
         retry_s = min(cfg.heartbeat_s, 0.5)
         delay = cfg.heartbeat_s
         while True:
             await anyio.sleep(delay)
-            await self._touch_session()
-            live = [o for o in self.owned.values() if not o.lost]
+            await self.touch_session()
+            live = [o for o in self.host.owned.values() if not o.lost]
             if not live:
                 delay = cfg.heartbeat_s
                 continue
             sent = time.monotonic()
             try:
-                results = await self.gateway.extend_many(
+                results = await self.host.gateway.extend_many(
                     [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
                 )
             except Exception as exc:
                 # Tolerated up to the TTL: the local lease stops handing entries once it
                 # lapses, and an extend that succeeds later proves nobody took over.
-                self.metrics.heartbeat(self.service, False)
+                self.host.metrics.heartbeat(self.host.service, False)
                 log_failure(log, "heartbeat", exc, retry_s)
                 delay = retry_s
                 for o in live:
                     o.heartbeat_failed()
                 continue
             partial = None in results
-            self.metrics.heartbeat(self.service, not partial)
+            self.host.metrics.heartbeat(self.host.service, not partial)
             delay = retry_s if partial else cfg.heartbeat_s
             renewed = []
             for o, extended in zip(live, results, strict=True):
@@ -197,12 +257,12 @@ class RuntimeLiveness(RuntimeState):
                     renewed.append(o.assignment.id)
                 elif extended is None:
                     o.heartbeat_failed()  # its node was away: try again soon
-                elif not o.ending and self.owned.get(o.stream) is o:
+                elif not o.ending and self.host.owned.get(o.stream) is o:
                     # A stream that finished meanwhile released its own lock: that is
                     # not a loss.
                     o.mark_lost()
             try:
-                await self.gateway.record_leases(renewed, cfg.lock_ttl_ms, new=False)
+                await self.host.gateway.record_leases(renewed, cfg.lock_ttl_ms, new=False)
             except Exception as exc:
-                self.metrics.loop_error(self.service, "heartbeat")
+                self.host.metrics.loop_error(self.host.service, "heartbeat")
                 log_failure(log, "recording leases", exc, 0.0)

@@ -67,10 +67,12 @@ class Host(Protocol):
     """The shared idle wait (blocking reads on a standalone server, keyspace events on
     an OSS cluster), or None: each stream blocks on a read of its own."""
     """Bytes of the largest entry in the last batch any stream read: sizes first reads."""
-    session_confirmed_at: float | None
-    """Under ``Liveness.SESSION``: when (monotonic) the call that last renewed the
-    session was sent, or None while there is no live session; under ``Liveness.LOCK``
-    always None. Each lock then lives as long as the session."""
+
+    @property
+    def session_confirmed_at(self) -> float | None:
+        """Under ``Liveness.SESSION``: when (monotonic) the call that last renewed the
+        session was sent, or None while there is no live session; under
+        ``Liveness.LOCK`` always None. Each lock then lives as long as the session."""
 
     @property
     def lock_ttl_ms(self) -> int:
