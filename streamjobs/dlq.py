@@ -38,15 +38,23 @@ from __future__ import annotations
 
 import builtins
 import math
-import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from ._deadletter import DeadLetterReason, DeadLetterRecord, parse_dead_letter
+from ._dlq_replay import (
+    _ID,
+    REPLAY_MARKER_TTL_MS,
+    _batches,
+    _Busy,
+    _CannotReplay,
+    _check_entry,
+    _replay_fields,
+)
+from ._dlq_replay import _Queued as _Queued  # tests import it from here
 from ._dlq_types import DeadLetterFilter, Progress, Replayed, ReplayReport, _check_id
 from ._keys import DEFAULT_PREFIX, Keys
 from ._operator import OperatorGateway
@@ -58,7 +66,6 @@ from ._wire import (
     JOB_FIELD,
     LOST_AT_FIELD,
     REPLAY_END_FIELD,
-    REPLAYED_FROM_FIELD,
     RETRY_FIELD,
     build_fields,
     parse_assignment,
@@ -75,14 +82,7 @@ __all__ = [
     "Replayed",
 ]
 
-REPLAY_MARKER_TTL_MS = 86_400_000
-"""How long a data entry's replay remembers the id it appended (one day)."""
 PAGE = 500
-REPLAY_BATCH = 100
-"""The most dead letters of one data stream one script call puts back."""
-REPLAY_BATCH_VALUES = 4 * MAX_COPY_VALUES
-"""The most field names and values one such call carries (one entry may have
-``MAX_COPY_VALUES``)."""
 BUSY_WAIT_S = 5.0
 """How long a replay waits for a data stream whose job has read its end marker (or is
 being cancelled) to finish before skipping that stream's dead letters."""
@@ -210,7 +210,7 @@ class DeadLetters:
             if record.is_assignment:
                 continue
             try:
-                stream = self._check_entry(record)
+                stream = _check_entry(record, self._keys)
             except (InvalidStreamName, _CannotReplay) as exc:
                 outcome[record.id] = str(exc)
             else:
@@ -276,22 +276,6 @@ class DeadLetters:
         )
         await self._gw.delete_dead_letters([record.id])
         return Replayed(record.id, new_id, stream)
-
-    def _check_entry(self, record: DeadLetterRecord) -> str:
-        """The data stream a dead data entry goes back to.
-
-        Raises:
-            InvalidStreamName, _CannotReplay: it cannot be put back.
-        """
-        stream = record.source_stream
-        if not stream:
-            raise _CannotReplay("it names no source stream")
-        self._keys.check_data_stream(stream)
-        if not record.fields:
-            raise _CannotReplay("it carries no fields")
-        if 2 * len(record.fields) + 2 > MAX_COPY_VALUES:  # + _replayed_from
-            raise _CannotReplay(f"{len(record.fields)} fields: too many for one script call")
-        return stream
 
     async def _replay_entries(
         self, stream: str, records: builtins.list[DeadLetterRecord], dry_run: bool
@@ -451,54 +435,3 @@ class DeadLetters:
             if progress is not None:
                 progress(len(deleted), len(ids))
         return deleted
-
-
-class _CannotReplay(Exception):
-    pass
-
-
-class _Busy(Exception):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Queued:
-    """The job queued for a data stream: its identity, and whether it is a replay run
-    (an assignment carrying ``_job``, queued by a replay)."""
-
-    job: str
-    run: bool
-
-
-_ID = re.compile(r"[0-9]+-[0-9]+")
-
-
-def _replay_fields(record: DeadLetterRecord) -> builtins.list[tuple[str, str]]:
-    """A dead data entry's fields as a replay appends them: with ``_replayed_from``, the
-    id it had when first dead-lettered (a replayed entry dead-lettered again keeps it)."""
-    fields = dict(record.fields)
-    fields[REPLAYED_FROM_FIELD] = fields.get(REPLAYED_FROM_FIELD) or record.source_id
-    return list(fields.items())
-
-
-def _batches(
-    records: builtins.list[DeadLetterRecord],
-) -> builtins.list[builtins.list[DeadLetterRecord]]:
-    """``records`` in order, cut into script calls of at most :data:`REPLAY_BATCH`
-    dead letters and :data:`REPLAY_BATCH_VALUES` values, and where their job changes (a
-    batch a new job is queued for is that job's)."""
-    out: builtins.list[builtins.list[DeadLetterRecord]] = []
-    values = 0
-    for record in records:
-        size = 2 * len(record.fields) + 2  # + _replayed_from
-        if (
-            not out
-            or len(out[-1]) >= REPLAY_BATCH
-            or values + size > REPLAY_BATCH_VALUES
-            or out[-1][-1].job != record.job
-        ):
-            out.append([])
-            values = 0
-        out[-1].append(record)
-        values += size
-    return out

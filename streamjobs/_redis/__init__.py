@@ -5,8 +5,8 @@ Three kinds of connection, each with one owner:
 * commands on the client the user passed in (assignment stream, locks, data
   streams, dead letters, lease index, producer writes): :class:`Gateway`, whose
   command groups are one module each (``_writes``, ``_assignments``, ``_streams``,
-  ``_liveness``) over a shared core (``_boundary``: translation, decorators, the raw
-  transaction, reply decoding);
+  ``_completion``, ``_liveness``) over a shared core (``_boundary``: translation,
+  decorators, the raw transaction), whose replies ``_replies`` decodes;
 * administrative commands on any client, including a plain client pinned to one
   cluster node (``CONFIG GET/SET notify-keyspace-events``, ``CLUSTER INFO/SLOTS``):
   ``_admin``;
@@ -40,27 +40,29 @@ from ._boundary import (
     NOT_ACQUIRED,
     REDIS_FAILURES,
     Addr,
-    DataEntry,
-    Entry,
     EntryTooLarge,
     LostAt,
-    RawFields,
-    ReadReply,
     SlotMap,
     UnexpectedClientError,
-    _stream_entries,
-    id_order,
-    raw,
     script,
-    sized_entries,
-    text,
-    text_fields,
     translate,
     translated,
 )
 from ._channel import Channel
 from ._gateway import Gateway
 from ._protocol import Pending, SessionMode, StreamGateway
+from ._replies import (
+    DataEntry,
+    Entry,
+    RawFields,
+    ReadReply,
+    _stream_entries,
+    id_order,
+    raw,
+    sized_entries,
+    text,
+    text_fields,
+)
 
 __all__ = [
     "ACQUIRED",

@@ -13,8 +13,10 @@ from redis import exceptions as rex
 
 from ._boundary import (
     SlotMap,
-    text,
     translated,
+)
+from ._replies import (
+    text,
 )
 
 

@@ -28,18 +28,20 @@ from ._boundary import (
     PLAIN_DEAD_LETTER_BYTES,
     CommandsBase,
     LostAt,
-    RawFields,
-    _raw_fields,
     blocking,
     channelled,
-    raw,
     script,
-    text,
     translate,
     translated,
 )
 from ._protocol import (
     Pending,
+)
+from ._replies import (
+    RawFields,
+    _raw_fields,
+    raw,
+    text,
 )
 from ._scripts import NAMES, source
 

@@ -8,6 +8,7 @@ import anyio
 
 from .._keys import Keys
 from ._assignments import AssignmentCommands
+from ._completion import CompletionCommands
 from ._groups import GroupCommands
 from ._liveness import LivenessCommands
 from ._scripts import MAX_COPY_VALUES, Scripts
@@ -15,7 +16,9 @@ from ._streams import StreamCommands
 from ._writes import ProducerCommands
 
 
-class Gateway(ProducerCommands, AssignmentCommands, StreamCommands, LivenessCommands):
+class Gateway(
+    ProducerCommands, AssignmentCommands, StreamCommands, CompletionCommands, LivenessCommands
+):
     """Commands of one service on one client. Constructing it does no I/O.
 
     Args:

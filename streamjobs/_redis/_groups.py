@@ -16,13 +16,15 @@ from redis.exceptions import NoScriptError
 from .._keys import Keys
 from ._boundary import (
     CommandsBase,
-    _stream_entries,
     channelled,
     channelled_command,
+    translate,
+)
+from ._replies import (
+    _stream_entries,
     raw_sized_entries,
     sized_entries,
     text,
-    translate,
 )
 
 GroupEntry = tuple[str, Any]

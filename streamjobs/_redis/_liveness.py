@@ -15,12 +15,14 @@ from ._boundary import (
     CommandsBase,
     channelled_command,
     script,
-    sized_entries,
-    text,
     translated,
 )
 from ._protocol import (
     SessionMode,
+)
+from ._replies import (
+    sized_entries,
+    text,
 )
 
 STOPPED_KEEP_MS = 24 * 3600 * 1000

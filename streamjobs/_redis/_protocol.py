@@ -14,6 +14,8 @@ from .._keys import Keys
 from ..metrics import ServiceSample
 from ._boundary import (
     LostAt,
+)
+from ._replies import (
     RawFields,
     ReadReply,
 )

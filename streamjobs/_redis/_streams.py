@@ -1,4 +1,5 @@
-"""Locks and data streams: acquiring, extending, fenced reads and claims, sealing, releasing."""
+"""Locks and data streams: the leases, acquiring, extending, fenced reads and claims
+(sealing and releasing: :mod:`._completion`)."""
 
 from __future__ import annotations
 
@@ -9,36 +10,38 @@ from typing import Any
 import anyio
 from redis import exceptions as rex
 
-from .._wire import STREAM_FIELD
 from ..exceptions import (
     RedisUnavailable,
 )
 from ._boundary import (
-    _CLAIM_SPAN_SLACK,
     ACQUIRED,
     ACQUIRED_ENDED,
-    ENDED_MARKER_TTL_MS,
-    NOT_OWNED,
     CommandsBase,
-    DataEntry,
-    ReadReply,
-    _stream_entries,
     blocking,
     channelled,
-    id_order,
-    raw_sized_entries,
     script,
-    sized_entries,
-    text,
     translate,
 )
 from ._channel import LARGE_REPLY_BYTES
+from ._replies import (
+    NOT_OWNED,
+    DataEntry,
+    ReadReply,
+    _stream_entries,
+    id_order,
+    raw_sized_entries,
+    sized_entries,
+    text,
+)
 
 log = logging.getLogger(__name__)
 
+_CLAIM_SPAN_SLACK = 100
+"""Entries acked between claimed ones that one XRANGE over the claimed span may carry."""
+
 
 class StreamCommands(CommandsBase):
-    """Locks and data streams: acquiring, extending, fenced reads and claims, sealing, releasing."""
+    """Locks and data streams: the leases, acquiring, extending, fenced reads and claims."""
 
     def _entries(self, raw: Sequence[Any] | None) -> tuple[list[DataEntry], int]:
         """A data read's entries as ``handle()`` gets them: decoded, or in bytes mode
@@ -418,90 +421,3 @@ class StreamCommands(CommandsBase):
         here pulls nothing into its pending list.
         """
         await self.client.xread({stream: after_id}, count=1, block=block_ms)
-
-    @channelled
-    async def complete(
-        self,
-        stream: str,
-        token: str,
-        keep_ms: int,
-        assignment_id: str,
-        ack: Sequence[str] = (),
-        *,
-        cancelled: bool = False,
-        job: str = "",
-    ) -> tuple[bool, bool]:
-        """:meth:`seal`, ``finish`` and :meth:`release` in one script, for a server that
-        holds every key (``ClusterMode.NONE``): ``(sealed, finished)``.
-
-        Not sealed: the token did not match, nothing was done (the lock is lost).
-        Sealed: the lock is released too; ``finished`` is False when the assignment
-        was no longer pending (a recoverer re-queued it).
-        """
-        keys = self.keys
-        r = await self.scripts.complete(
-            keys=[
-                keys.lock(stream), stream, keys.cancel(stream), keys.ended(stream),
-                keys.assignments, keys.leases, keys.active,
-            ],
-            args=[
-                token, keys.group, keep_ms, "cancel" if cancelled else "", job,
-                ENDED_MARKER_TTL_MS, keys.group, assignment_id, STREAM_FIELD, *ack,
-            ],
-        )  # fmt: skip
-        return int(r[0]) == 1, int(r[1]) == 1
-
-    @channelled
-    async def release(
-        self,
-        stream: str,
-        token: str,
-        keep_ms: int,
-        ack: Sequence[str] = (),
-        *,
-        ended: bool = False,
-    ) -> bool:
-        """Fenced final ack, unlock, and retention (-1 keep, 0 delete, >0 PEXPIRE ms).
-
-        ``ended``: the release after the seal of a finished job: every entry still
-        pending in the group is acked too (a contender whose acquisition failed read
-        past the end marker between the seal and now)."""
-        r = await self.scripts.release(
-            keys=[self.keys.lock(stream), stream],
-            args=[token, self.keys.group, keep_ms, "ended" if ended else "", *ack],
-        )
-        return int(r) == 1
-
-    @channelled
-    async def seal(
-        self,
-        stream: str,
-        token: str,
-        keep_ms: int,
-        ack: Sequence[str] = (),
-        *,
-        cancelled: bool = False,
-        job: str = "",
-        lock_cap_ms: int = 0,
-    ) -> bool:
-        """Fenced final acks and retention of a finishing stream; the lock stays held.
-        Every entry still pending in the group is acked too: the job is over, and a
-        contender whose acquisition failed may have read past its end marker.
-
-        ``cancelled``: the job ended early: also move the group to the stream's end
-        and mark ``job`` ended early (docs/design.md#job-identity). The cancel marker
-        goes either way.
-        ``lock_cap_ms`` > 0: the lock's TTL is set to that, so an owner that
-        dies after completing the assignment leaves no long-lived lock
-        (docs/design.md#sessions).
-        """
-        r = await self.scripts.seal(
-            keys=[
-                self.keys.lock(stream), stream, self.keys.cancel(stream), self.keys.ended(stream),
-            ],
-            args=[
-                token, self.keys.group, keep_ms, "cancel" if cancelled else "", job,
-                ENDED_MARKER_TTL_MS, lock_cap_ms, *ack,
-            ],
-        )  # fmt: skip
-        return int(r) == 1

@@ -17,8 +17,10 @@ from ._boundary import (
     ENDED_MARKER_TTL_MS,
     CommandsBase,
     script,
-    text,
     translated,
+)
+from ._replies import (
+    text,
 )
 
 
