@@ -19,6 +19,7 @@ the stream, so a cancelled consumer leaves no lock or lease of its own behind.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -31,12 +32,14 @@ from ._backoff import Backoff
 from ._deadletter import Pairs, entry_dead_letter
 from ._guard import log_failure
 from ._redis import DataEntry, text_fields
-from ._stream_acquire import StreamAcquisition
-from ._stream_end import StreamEndings
+from ._stream_acquire import Acquisition
+from ._stream_end import StreamEnd
 from ._stream_state import (
     CLEANUP_TIMEOUT_S,
     PERMANENT,
+    Host,
     Outcome,
+    StreamState,
 )
 from ._wire import (
     CANCEL_FIELD,
@@ -44,6 +47,7 @@ from ._wire import (
     EOS_VALUE,
     REPLAY_END_FIELD,
     REPLAYED_FROM_FIELD,
+    Assignment,
     is_eos,
 )
 from .exceptions import (
@@ -63,40 +67,68 @@ _RUN_FIELDS = (
 __all__ = ["CLEANUP_TIMEOUT_S", "OwnedStream"]
 
 
-class OwnedStream(StreamAcquisition, StreamEndings):
+class OwnedStream:
     """One assignment, from acquiring its stream's lock to finishing or giving it up;
     its seat in the entry pipeline (``_pipeline.Seat``) hands entries while the lock
-    is ours and acknowledges them with the next fenced read."""
+    is ours and acknowledges them with the next fenced read.
+
+    It holds the stream's state (``s``, what the runtime and its loops act on), its
+    acquisition and its terminal paths (``end``)."""
 
     loop = "stream"
     ack_interval_s: float | None = None
     last_flush = 0.0
+
+    def __init__(self, host: Host, assignment: Assignment) -> None:
+        self.s = StreamState(host, assignment)
+        self.acquisition = Acquisition(self.s)
+        self.end = StreamEnd(self.s)
+
+    # -- what the runtime's intake calls ------------------------------------------------
+
+    @property
+    def stream(self) -> str:
+        return self.s.assignment.stream
+
+    @property
+    def handling(self) -> bool:
+        """In a batch of ``handle()`` calls (statistics)."""
+        return self.s.handling
+
+    def interrupt(self) -> None:
+        self.s.interrupt()
+
+    def cancel(self) -> None:
+        self.s.cancel()
+
+    def log_extra(self) -> dict[str, str]:
+        return self.s.log_extra()
 
     # -- the life ----------------------------------------------------------------------
 
     async def run(self) -> None:
         outcome = Outcome.STOPPED
         try:
-            with self._scope:
-                if await self._acquire():
+            with self.s.scope:
+                if await self.acquisition.acquire():
                     outcome = await self._process()
-                elif self.unusable is not None:
-                    outcome = await self._dead_letter_assignment(self.unusable)
-                elif self.contended:
-                    outcome = await self._give_back_contended()
-                elif self.stale:
+                elif self.s.unusable is not None:
+                    outcome = await self.end.dead_letter_assignment(self.s.unusable)
+                elif self.s.contended:
+                    outcome = await self.end.give_back_contended()
+                elif self.s.stale:
                     outcome = Outcome.SETTLED
         finally:
             with anyio.CancelScope(shield=True):
-                await self._settle(outcome)
+                await self.end.settle(outcome)
 
     async def _process(self) -> Outcome:
         """Hand the stream's entries to ``handle()`` until it ends, is lost or we stop."""
-        host = self.host
-        stream = self.stream
+        host = self.s.host
+        stream = self.s.stream
         begun = False  # on_stream_start called
         backoff = Backoff()
-        count = self._first_count()
+        count = self.s.first_count()
         # The largest entry of this stream's last batch: a read whose entries may be
         # large goes on a connection of its own (docs/design.md#the-command-channel).
         # Unknown before the first batch: a stream's first reads take the channel.
@@ -106,20 +138,20 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         eos_field, eos_value = _EOS_BYTES if host.gateway.raw_fields else _EOS_TEXT
         active_at = time.monotonic()  # last time an entry (or the acquisition) came
         claim = False  # the last read returned pending entries: claim before reading new
-        if self.job_ended:
-            return await self._complete_silently()
+        if self.s.job_ended:
+            return await self.end.complete_silently()
         while True:
-            if self.lost:
+            if self.s.lost:
                 return Outcome.LOST
             if host.draining:
                 return Outcome.STOPPED
-            if self.finish_requested:
-                return await self._finish()
-            first, self.first_read = self.first_read, None
+            if self.s.finish_requested:
+                return await self.end.finish()
+            first, self.s.first_read = self.s.first_read, None
             if first is not None:  # read with the acquisition
-                reply, sent = first, self.lock_extended_at
+                reply, sent = first, self.s.lock_extended_at
             else:
-                if time.monotonic() >= self.lease_deadline and not await self._lease_valid():
+                if time.monotonic() >= self.s.lease_deadline and not await self._lease_valid():
                     # Past the lease (a pause): no read until the heartbeat has renewed
                     # it. A read behind a fence that fails still takes entries (stray.lua).
                     continue
@@ -127,76 +159,76 @@ class OwnedStream(StreamAcquisition, StreamEndings):
                 try:
                     reply = await host.gateway.fenced_read(
                         stream,
-                        self.token,
+                        self.s.token,
                         host.name,
                         count,
-                        self.to_ack,
+                        self.s.to_ack,
                         claim=claim,
                         reply_bytes=count * entry_bytes,
                     )
                 except NoSuchGroup as exc:
-                    return await self._vanished(exc)
+                    return await self.end.vanished(exc)
                 except PERMANENT as exc:
-                    return await self._dead_letter_assignment(exc)
+                    return await self.end.dead_letter_assignment(exc)
                 except Exception as exc:
                     claim = True  # a read whose reply was lost left entries pending with us
                     host.metrics.loop_error(host.service, "stream")
                     delay = backoff.next_delay()
-                    log_failure(self.log, f"stream {stream!r}", exc, delay)
-                    await self.pause(delay)
+                    log_failure(self.s.log, f"stream {stream!r}", exc, delay)
+                    await self.s.pause(delay)
                     continue
             backoff.reset()
             ok, top, batch = reply.owned, reply.top, reply.entries
             largest, claim = reply.largest_bytes, reply.claimed
             if not ok:
-                self.mark_lost()
+                self.s.mark_lost()
                 return Outcome.LOST
-            self.confirmed(sent)
-            self.to_ack = []
+            self.s.confirmed(sent)
+            self.s.to_ack = []
             if reply.cancelled is not None:
-                return await self._cancel(reply.cancelled)
+                return await self.end.cancelled(reply.cancelled)
             if batch:
                 count = self._next_count(largest)
                 entry_bytes = largest
-                if self.assignment.run:
+                if self.s.assignment.run:
                     batch = self._run_entries(batch)
             if not begun:
-                if not batch and await self._already_finished(top):
-                    return await self._complete_silently()
-                if time.monotonic() >= self.check_at and not await self._lease_valid():
+                if not batch and await self.end.already_finished(top):
+                    return await self.end.complete_silently()
+                if time.monotonic() >= self.s.check_at and not await self._lease_valid():
                     # The reply was acted on late (a pause after the read): the stream
                     # may be someone else's now. What it delivered stays pending with
                     # us, and the next read claims it, if the stream is still ours.
                     continue
                 begun = True
                 try:
-                    await host.hooks.on_stream_start(stream, self.assignment.info)
+                    await host.hooks.on_stream_start(stream, self.s.assignment.info)
                 except Exception:
-                    self.log.exception("on_stream_start(%r) raised; continuing", stream)
+                    self.s.log.exception("on_stream_start(%r) raised; continuing", stream)
             if not batch:
                 idle_left_s = math.inf
                 if idle_timeout_s is not None:
                     idle_left_s = idle_timeout_s - (time.monotonic() - active_at)
                     if idle_left_s <= 0:
-                        return await self._abandon(idle_timeout_s)
+                        return await self.end.abandon(idle_timeout_s)
                 await self._wait_for_entries(top, idle_left_s)
                 continue
             active_at = time.monotonic()
             entries, end = _split_at_end(batch, eos_field, eos_value)
-            self.handling = True
+            self.s.handling = True
             try:
                 done = await host.pipeline.handle_batch(self, entries)
             finally:
-                self.handling = False
+                self.s.handling = False
             if end is not None and done == len(entries):
                 marker = text_fields(end[1])
                 if is_eos(marker):
-                    self._eos = [end[0]]
+                    self.s.eos_ids = [end[0]]
                     if CANCEL_FIELD in marker:
-                        return await self._cancel(marker[CANCEL_FIELD])
-                return await self._finish()
-            if self.finish_requested:
-                return await self._finish()
+                        return await self.end.cancelled(marker[CANCEL_FIELD])
+                return await self.end.finish()
+            if self.s.finish_requested:
+                return await self.end.finish()
 
     def _run_entries(self, batch: list[DataEntry]) -> list[DataEntry]:
         """What a DLQ replay's run hands over of ``batch``: its replayed copies and its
@@ -208,50 +240,50 @@ class OwnedStream(StreamAcquisition, StreamEndings):
             if any(name in fields for name in _RUN_FIELDS):
                 own.append((entry_id, fields))
             else:
-                self.to_ack.append(entry_id)
+                self.s.to_ack.append(entry_id)
         return own
 
     def _next_count(self, largest_bytes: int) -> int:
         """Entries to read next, so that entries as large as the largest of the batch
         just read fit in ``read_batch_bytes`` (at least one: a larger entry is read
         alone). Also the consumer's hint for the first read of other streams."""
-        self.host.entry_size_hint = largest_bytes
-        return self._count_for(largest_bytes)
+        self.s.host.entry_size_hint = largest_bytes
+        return self.s.count_for(largest_bytes)
 
     async def _wait_for_entries(self, top: str, longest_s: float = math.inf) -> None:
-        host = self.host
+        host = self.s.host
         waiter = host.waiter
         if waiter is not None and waiter.usable:
             # No cancel scope per idle stream (about 0.6 KiB each): what must end the
             # wait early (shutdown, finish(), a loss) resolves this wait's own future
-            # (StreamState._end_wait). Nothing awaits between the check and the
+            # (StreamState.end_wait). Nothing awaits between the check and the
             # registration, so no such call can fall between them.
-            if self._stopping() or self.finish_requested:
+            if self.s.stopping() or self.s.finish_requested:
                 return
             fallback_s = host.config.read_block_ms / 1000
-            timeout_s = min(longest_s, waiter.idle_timeout_s(self.stream, fallback_s))
-            self._idle_wake = asyncio.get_running_loop().create_future()
+            timeout_s = min(longest_s, waiter.idle_timeout_s(self.s.stream, fallback_s))
+            self.s.idle_wake = asyncio.get_running_loop().create_future()
             try:
-                await waiter.wait(self.stream, top, timeout_s, self._idle_wake)
+                await waiter.wait(self.s.stream, top, timeout_s, self.s.idle_wake)
             except Exception as exc:
                 await self._wait_failed(exc)
             finally:
-                self._idle_wake = None
+                self.s.idle_wake = None
             return
-        with anyio.CancelScope() as self._wait_scope:
-            if self._stopping() or self.finish_requested:
+        with anyio.CancelScope() as self.s.wait_scope:
+            if self.s.stopping() or self.s.finish_requested:
                 return
             try:
-                await host.gateway.wait_for_entries(self.stream, top, host.config.read_block_ms)
+                await host.gateway.wait_for_entries(self.s.stream, top, host.config.read_block_ms)
             except Exception as exc:
                 await self._wait_failed(exc)
-        self._wait_scope = None
+        self.s.wait_scope = None
 
     async def _wait_failed(self, exc: Exception) -> None:
-        host = self.host
+        host = self.s.host
         host.metrics.loop_error(host.service, "stream")
         delay = Backoff().next_delay()
-        log_failure(self.log, f"stream {self.stream!r}: waiting for entries", exc, delay)
+        log_failure(self.s.log, f"stream {self.s.stream!r}: waiting for entries", exc, delay)
         await anyio.sleep(delay)
 
     async def _lease_valid(self) -> bool:
@@ -264,14 +296,14 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         at the next heartbeat.
         """
         while True:
-            changed = self._state_changed()
-            if self._stopping():
+            changed = self.s.state_changed()
+            if self.s.stopping():
                 return False
             now = time.monotonic()
-            if now >= self.lease_deadline:
+            if now >= self.s.lease_deadline:
                 await changed.wait()
                 continue
-            if now < self.check_at:
+            if now < self.s.check_at:
                 return True
             return await self._recheck(now)
 
@@ -279,51 +311,62 @@ class OwnedStream(StreamAcquisition, StreamEndings):
         """Read the lock (and the cancel marker, in the same round trip): False if the
         stream was lost, or cancelled (the next fenced read then ends it, so a batch of
         slow entries is not handled to its end first)."""
-        host = self.host
+        host = self.s.host
         try:
-            holder, cancelled = await host.gateway.lock_and_cancel(self.stream)
+            holder, cancelled = await host.gateway.lock_and_cancel(self.s.stream)
         except Exception as exc:
             # Redis cannot say: the local lease still bounds the risk. Ask again later.
             host.metrics.loop_error(host.service, "stream")
-            log_failure(self.log, f"stream {self.stream!r}: re-reading its lock", exc, 0.0)
-            self.confirmed(sent)
-            return not self._stopping()
-        if holder != self.token:
-            self.log.warning(
+            log_failure(self.s.log, f"stream {self.s.stream!r}: re-reading its lock", exc, 0.0)
+            self.s.confirmed(sent)
+            return not self.s.stopping()
+        if holder != self.s.token:
+            self.s.log.warning(
                 "stream %r: its lock %s before its TTL (operator, eviction or a server "
                 "clock step?)",
-                self.stream,
+                self.s.stream,
                 "vanished" if holder is None else "changed hands",
             )
-            self.mark_lost()
+            self.s.mark_lost()
             return False
         if cancelled is not None:
             return False
-        self.confirmed(sent)
-        return not self._stopping()
+        self.s.confirmed(sent)
+        return not self.s.stopping()
 
     # -- its seat in the entry pipeline (_pipeline.Seat) ------------------------------
 
     @property
     def info(self) -> Mapping[str, Any]:
-        return self.assignment.info
+        return self.s.assignment.info
+
+    @property
+    def to_ack(self) -> list[str]:
+        return self.s.to_ack
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        return self.s.log
+
+    async def pause(self, delay_s: float) -> bool:
+        return await self.s.pause(delay_s)
 
     def clear(self, now: float) -> bool:
         # Hot path: no await per entry while the lock was proved ours within
         # RECHECK_AFTER_S and the local lease is valid.
-        return not (self.lost or self.host.draining or self.finish_requested) and now < (
-            self.check_at
+        return not (self.s.lost or self.s.host.draining or self.s.finish_requested) and now < (
+            self.s.check_at
         )
 
     async def may_hand(self) -> bool:
         # finish() ends the stream after the current entry, before the next one.
-        return not self.finish_requested and await self._lease_valid()
+        return not self.s.finish_requested and await self._lease_valid()
 
     async def may_retry(self) -> bool:
         return await self._lease_valid()
 
     def holds(self) -> bool:
-        return not self.lost
+        return not self.s.lost
 
     def dead_letter(
         self,
@@ -335,15 +378,15 @@ class OwnedStream(StreamAcquisition, StreamEndings):
     ) -> Pairs:
         return entry_dead_letter(
             fields,
-            stream=self.stream,
+            stream=self.s.stream,
             entry_id=entry_id,
-            retry_count=self.assignment.retry_count,
+            retry_count=self.s.assignment.retry_count,
             attempts=attempts,
-            owner=self.host.name,
+            owner=self.s.host.name,
             error=error,
             rejected=rejected,
-            info=self.assignment.info,
-            job=self.assignment.job,
+            info=self.s.assignment.info,
+            job=self.s.assignment.job,
         )
 
     async def flush(self) -> None:

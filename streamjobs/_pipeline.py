@@ -184,12 +184,22 @@ class Seat(Protocol):
     once after a dead letter (another consumer must not handle it again).
     """
 
-    to_ack: list[str]
-    ack_interval_s: float | None
-    last_flush: float
-    """``time.perf_counter()`` of the last :meth:`flush`."""
-    loop: str
-    """The loop name its failures are counted under (``MetricsRecorder.loop_error``)."""
+    @property
+    def to_ack(self) -> list[str]:
+        """Ids to acknowledge (the pipeline appends, the kind sends them)."""
+
+    @property
+    def ack_interval_s(self) -> float | None:
+        """Longest a handled entry waits for its acknowledgement; None: the next read
+        carries it."""
+
+    @property
+    def last_flush(self) -> float:
+        """``time.perf_counter()`` of the last :meth:`flush`."""
+
+    @property
+    def loop(self) -> str:
+        """The loop name its failures are counted under (``MetricsRecorder.loop_error``)."""
 
     @property
     def stream(self) -> str:

@@ -21,17 +21,20 @@ from ._stream_state import (
 from .metrics import StreamEvent
 
 
-class StreamAcquisition(StreamState):
-    """Acquiring an assignment's stream."""
+class Acquisition:
+    """Acquiring one assignment's stream (its ``OwnedStream`` holds one)."""
 
-    async def _acquire(self) -> bool:
+    def __init__(self, s: StreamState) -> None:
+        self.s = s
+
+    async def acquire(self) -> bool:
         """Take the lock; False (to hand the assignment back) if someone holds it.
 
         A lock that names a dead session (``Liveness.SESSION``, whichever liveness this
         consumer uses) is replaced: the session never comes back, so its owner can
         neither renew it nor pass a fenced call again.
         """
-        host, cfg = self.host, self.host.config
+        host, cfg = self.s.host, self.s.host.config
         if not await self._still_assigned():
             return False
         backoff = Backoff(base_s=0.05, cap_s=cfg.heartbeat_s)
@@ -46,44 +49,48 @@ class StreamAcquisition(StreamState):
                     # queued behind an acquire that fails still delivers entries (to
                     # be claimed by the owner), so a contended retry goes alone.
                     first_try = False
-                    taken, self.first_read = await host.gateway.acquire_and_read(
-                        self.stream,
-                        self.token,
+                    taken, self.s.first_read = await host.gateway.acquire_and_read(
+                        self.s.stream,
+                        self.s.token,
                         host.lock_ttl_ms,
-                        self.assignment.first_id,
+                        self.s.assignment.first_id,
                         host.name,
-                        self._first_count(),
+                        self.s.first_count(),
                     )
                 else:
                     taken = await host.gateway.acquire(
-                        self.stream, self.token, host.lock_ttl_ms, replace, self.assignment.first_id
+                        self.s.stream,
+                        self.s.token,
+                        host.lock_ttl_ms,
+                        replace,
+                        self.s.assignment.first_id,
                     )
                 if taken != NOT_ACQUIRED:
-                    self.acquired = True
+                    self.s.acquired = True
                     # The job ended early and its owner died before completing it.
-                    self.job_ended = taken == ACQUIRED_ENDED
-                    self.lock_extended_at = sent
+                    self.s.job_ended = taken == ACQUIRED_ENDED
+                    self.s.lock_extended_at = sent
                     session_at = host.session_confirmed_at
-                    self.renew(sent if session_at is None else min(sent, session_at))
-                    host.adopt(self)
+                    self.s.renew(sent if session_at is None else min(sent, session_at))
+                    host.adopt(self.s)
                     host.metrics.stream_event(host.service, StreamEvent.ACQUIRED)
                     if log.isEnabledFor(logging.DEBUG):
-                        self.log.debug("acquired stream %r", self.stream)
+                        self.s.log.debug("acquired stream %r", self.s.stream)
                     await self._report_recovery()
                     return True
                 replace = await self._dead_holder()
                 if replace and time.monotonic() < give_up_at:
                     continue
             except PERMANENT as exc:
-                self.unusable = exc
+                self.s.unusable = exc
                 return False
             except Exception as exc:
-                self.acquire_error = f"{type(exc).__name__}: {exc}"
+                self.s.acquire_error = f"{type(exc).__name__}: {exc}"
                 host.metrics.loop_error(host.service, "acquire")
-                log_failure(self.log, f"stream {self.stream!r}: acquire", exc, 0.0)
+                log_failure(self.s.log, f"stream {self.s.stream!r}: acquire", exc, 0.0)
             if time.monotonic() >= give_up_at:
                 host.metrics.stream_event(host.service, StreamEvent.CONTENDED)
-                self.contended = True
+                self.s.contended = True
                 return False
             # Usually a graceful hand-back whose unlock is a moment behind its re-queue.
             await anyio.sleep(backoff.next_delay())
@@ -91,13 +98,13 @@ class StreamAcquisition(StreamState):
 
     async def _dead_holder(self) -> str:
         """The token holding the lock if it names a dead session, else ''."""
-        _, dead = await self.host.gateway.lock_state(self.stream)
+        _, dead = await self.s.host.gateway.lock_state(self.s.stream)
         parsed = None if dead is None else parse_session_token(dead)
         if dead is None or parsed is None:
             return ""
-        self.log.info(
+        self.s.log.info(
             "stream %r: its lock names the dead session of %r: taking it over",
-            self.stream,
+            self.s.stream,
             parsed.consumer,
         )
         return dead
@@ -105,21 +112,21 @@ class StreamAcquisition(StreamState):
     async def _report_recovery(self) -> None:
         """A recovered assignment (it carries ``_lost_at``): report how long the stream
         went without an owner, on the server's clock."""
-        lost_at_ms = self.assignment.lost_at_ms
+        lost_at_ms = self.s.assignment.lost_at_ms
         if lost_at_ms is None:
             return
-        host = self.host
+        host = self.s.host
         try:
             now_ms = await host.gateway.server_time_ms()
         except Exception:
             return  # only a metric is lost
         seconds = max(0, now_ms - lost_at_ms) / 1000
         host.metrics.recovery_latency(host.service, seconds)
-        self.log.info(
+        self.s.log.info(
             "resumed stream %r %.2fs after its previous owner was lost (retry %d)",
-            self.stream,
+            self.s.stream,
             seconds,
-            self.assignment.retry_count,
+            self.s.assignment.retry_count,
         )
 
     async def _still_assigned(self) -> bool:
@@ -134,20 +141,20 @@ class StreamAcquisition(StreamState):
         ``_process``), and a crash is still found, by the XPENDING scan after
         ``min_idle_s`` instead of the lease sweep.
         """
-        host = self.host
+        host = self.s.host
         try:
-            ours = await host.take_lease(self.assignment.id)
+            ours = await host.take_lease(self.s.assignment.id)
         except Exception as exc:
             host.metrics.loop_error(host.service, "acquire")
-            log_failure(self.log, f"stream {self.stream!r}: checking its assignment", exc, 0.0)
+            log_failure(self.s.log, f"stream {self.s.stream!r}: checking its assignment", exc, 0.0)
             return True
         if ours:
             return True
-        self.log.warning(
+        self.s.log.warning(
             "assignment %s of stream %r was re-queued or finished while this consumer "
             "was stalled: dropping it",
-            self.assignment.id,
-            self.stream,
+            self.s.assignment.id,
+            self.s.stream,
         )
-        self.stale = True
+        self.s.stale = True
         return False

@@ -25,21 +25,24 @@ from .exceptions import (
 from .metrics import StreamEvent
 
 
-class StreamEndings(StreamState):
-    """The terminal paths of an owned stream."""
+class StreamEnd:
+    """The terminal paths of one owned stream (its ``OwnedStream`` holds one)."""
 
-    async def _cancel(self, reason: str) -> Outcome:
+    def __init__(self, s: StreamState) -> None:
+        self.s = s
+
+    async def cancelled(self, reason: str) -> Outcome:
         """The stream was cancelled: hand nothing more to ``handle()``, and end it as if
         finished, discarding what was not handled (the seal acks what is pending and
         skips what is unread); then ``on_stream_cancelled``."""
-        self.log.info("stream %r was cancelled (%s): ending it", self.stream, reason or "-")
-        self.cancel_reason = reason
-        return await self._finish(StreamEvent.CANCELLED)
+        self.s.log.info("stream %r was cancelled (%s): ending it", self.s.stream, reason or "-")
+        self.s.cancel_reason = reason
+        return await self.finish(StreamEvent.CANCELLED)
 
-    async def _finish(self, event: StreamEvent = StreamEvent.FINISHED) -> Outcome:
+    async def finish(self, event: StreamEvent = StreamEvent.FINISHED) -> Outcome:
         """Complete the assignment, THEN release the lock (never the other way round)."""
-        host = self.host
-        self._ending = True
+        host = self.s.host
+        self.s.ending = True
         backoff = Backoff()
         while True:
             try:
@@ -48,24 +51,24 @@ class StreamEndings(StreamState):
             except Exception as exc:
                 host.metrics.loop_error(host.service, "stream")
                 delay = backoff.next_delay()
-                log_failure(self.log, f"stream {self.stream!r}: finishing", exc, delay)
-                if not await self.pause(delay):
-                    return Outcome.LOST if self.lost else Outcome.STOPPED
+                log_failure(self.s.log, f"stream {self.s.stream!r}: finishing", exc, delay)
+                if not await self.s.pause(delay):
+                    return Outcome.LOST if self.s.lost else Outcome.STOPPED
         if not done:
-            self.mark_lost()
+            self.s.mark_lost()
             return Outcome.LOST
         host.metrics.stream_event(host.service, event)
-        host.disown(self)
+        host.disown(self.s)
         try:
-            if self.cancel_reason is None:
-                await host.hooks.on_stream_end(self.stream)
+            if self.s.cancel_reason is None:
+                await host.hooks.on_stream_end(self.s.stream)
             else:
-                await host.hooks.on_stream_cancelled(self.stream, self.cancel_reason)
+                await host.hooks.on_stream_cancelled(self.s.stream, self.s.cancel_reason)
         except Exception:
-            self.log.exception("a hook of stream %r raised", self.stream)
+            self.s.log.exception("a hook of stream %r raised", self.s.stream)
         return Outcome.FINISHED
 
-    async def _already_finished(self, top: str) -> bool:
+    async def already_finished(self, top: str) -> bool:
         """True if the stream's newest entry is this job's end marker, already handled.
 
         Nothing was left to read, so the marker was delivered and acked by an earlier
@@ -82,67 +85,67 @@ class StreamEndings(StreamState):
         (An owner that died after ending this job is told by ``acquire.lua``, from the
         ended-job marker; this check is the fallback.)
         """
-        if self.assignment.run:
+        if self.s.assignment.run:
             return False  # its end marker comes with its entries; acquire.lua tells the rest
-        if top == "0-0" or id_order(top)[0] <= id_order(self.assignment.first_id)[0]:
+        if top == "0-0" or id_order(top)[0] <= id_order(self.s.assignment.first_id)[0]:
             return False
         try:
-            return await self.host.gateway.is_end_marker(self.stream, top)
+            return await self.s.host.gateway.is_end_marker(self.s.stream, top)
         except Exception as exc:
-            log_failure(self.log, f"stream {self.stream!r}: reading its newest entry", exc, 0.0)
+            log_failure(self.s.log, f"stream {self.s.stream!r}: reading its newest entry", exc, 0.0)
             return False
 
-    async def _complete_silently(self) -> Outcome:
+    async def complete_silently(self) -> Outcome:
         """Complete an assignment whose stream was already handled to its end.
 
         No hook is called: the stream's work was done (and reported) before. The
         completion gives the stream back its retention, which acquiring it cleared.
         """
-        self.log.info(
-            "stream %r was already handled to its end: completing its assignment", self.stream
+        self.s.log.info(
+            "stream %r was already handled to its end: completing its assignment", self.s.stream
         )
-        self._ending = True
+        self.s.ending = True
         try:
             await self._complete()
         except Exception as exc:
-            log_failure(self.log, f"stream {self.stream!r}: completing", exc, 0.0)
+            log_failure(self.s.log, f"stream {self.s.stream!r}: completing", exc, 0.0)
             return Outcome.STOPPED  # handed back; the next owner finds the same
-        self.host.disown(self)
+        self.s.host.disown(self.s)
         return Outcome.SETTLED
 
-    async def _vanished(self, exc: NoSuchGroup) -> Outcome:
+    async def vanished(self, exc: NoSuchGroup) -> Outcome:
         """The data stream (or its group) was deleted or expired while we owned it.
 
         Nothing of it is left to handle: its assignment is completed like a finished
         one, so that the slot, the lock, the lease and the assignment do not leak.
         """
-        self.log.warning(
+        self.s.log.warning(
             "stream %r vanished while owned (deleted, expired, or its group destroyed: "
             "%s): completing its assignment",
-            self.stream,
+            self.s.stream,
             exc,
         )
-        return await self._finish(StreamEvent.VANISHED)
+        return await self.finish(StreamEvent.VANISHED)
 
-    async def _dead_letter_assignment(self, exc: Exception) -> Outcome:
+    async def dead_letter_assignment(self, exc: Exception) -> Outcome:
         """The data stream cannot be used (a key of another type, a script error): retrying
         cannot help, so the assignment goes to the dead-letter stream, then the lock."""
-        self.log.error(
-            "stream %r cannot be processed (%s): dead-lettering its assignment", self.stream, exc
+        self.s.log.error(
+            "stream %r cannot be processed (%s): dead-lettering its assignment", self.s.stream, exc
         )
         return await self._end_dead_lettered(
             DeadLetterReason.UNUSABLE_STREAM, f"{type(exc).__name__}: {exc}", keep_ms=-1
         )
 
-    async def _abandon(self, idle_timeout_s: float) -> Outcome:
+    async def abandon(self, idle_timeout_s: float) -> Outcome:
         """No entry came for ``stream_idle_timeout_s``: give up the assignment for good.
 
         Its dead letter says why (and can be replayed); the stream gets the retention
         of a finished one, so an empty stream made by acquiring it does not stay.
         """
-        self.log.warning(
+        self.s.log.warning(
             "stream %r got no entry for %gs (stream_idle_timeout_s): dead-lettering its assignment",
-            self.stream,
+            self.s.stream,
             idle_timeout_s,
         )
         return await self._end_dead_lettered(
@@ -155,37 +158,37 @@ class StreamEndings(StreamState):
         self, reason: DeadLetterReason, error: str, *, keep_ms: int
     ) -> Outcome:
         """Dead-letter the assignment, then release the lock with ``keep_ms`` retention."""
-        host = self.host
+        host = self.s.host
         backoff = Backoff()
         while True:
             try:
-                if host.lock_ttl_ms > host.config.lock_ttl_ms and not self.lock_cut:
+                if host.lock_ttl_ms > host.config.lock_ttl_ms and not self.s.lock_cut:
                     # As the seal does: the assignment goes first, so a death before the
                     # release must not leave a lock with the session's long TTL.
                     await host.gateway.extend_many(
-                        [(self.stream, self.token)], host.config.lock_ttl_ms
+                        [(self.s.stream, self.s.token)], host.config.lock_ttl_ms
                     )
-                    self.lock_cut = True
+                    self.s.lock_cut = True
                 await host.recoverer.dead_letter(
-                    self.assignment.id,
+                    self.s.assignment.id,
                     reason,
-                    retry_count=self.assignment.retry_count,
+                    retry_count=self.s.assignment.retry_count,
                     owner=host.name,
                     error=error,
                 )
-                await host.gateway.release(self.stream, self.token, keep_ms, self.to_ack)
-                self.to_ack = []
+                await host.gateway.release(self.s.stream, self.s.token, keep_ms, self.s.to_ack)
+                self.s.to_ack = []
                 break
             except Exception as failure:
                 delay = backoff.next_delay()
                 host.metrics.loop_error(host.service, "stream")
-                log_failure(self.log, f"dead-lettering stream {self.stream!r}", failure, delay)
-                if not await self.pause(delay):
-                    return Outcome.LOST if self.lost else Outcome.STOPPED
-        host.disown(self)
+                log_failure(self.s.log, f"dead-lettering stream {self.s.stream!r}", failure, delay)
+                if not await self.s.pause(delay):
+                    return Outcome.LOST if self.s.lost else Outcome.STOPPED
+        host.disown(self.s)
         return Outcome.SETTLED
 
-    async def _give_back_contended(self) -> Outcome:
+    async def give_back_contended(self) -> Outcome:
         """The lock stayed someone else's for a whole heartbeat interval: most likely a
         duplicate assignment of a stream another consumer is working on.
 
@@ -194,33 +197,33 @@ class StreamEndings(StreamState):
         (A graceful hand-back whose unlock trails its re-queue by a moment is absorbed
         by the acquire loop's own retries and never gets here.)
         """
-        host = self.host
-        nxt = self.assignment.retry_count + 1
+        host = self.s.host
+        nxt = self.s.assignment.retry_count + 1
         try:
             if nxt > host.recoverer.max_retries:
                 why = (
                     "the stream's lock stayed held by another owner (a duplicate assignment?)"
-                    if self.acquire_error is None
-                    else f"taking the stream's lock kept failing: {self.acquire_error}"
+                    if self.s.acquire_error is None
+                    else f"taking the stream's lock kept failing: {self.s.acquire_error}"
                 )
-                self.log.warning(
+                self.s.log.warning(
                     "assignment %s never got the lock of %r (%s): dead-lettering it",
-                    self.assignment.id,
-                    self.stream,
+                    self.s.assignment.id,
+                    self.s.stream,
                     why,
                 )
                 await host.recoverer.dead_letter(
-                    self.assignment.id,
+                    self.s.assignment.id,
                     DeadLetterReason.MAX_RETRIES_EXCEEDED,
                     retry_count=nxt,
                     owner=host.name,
                     error=why,
                 )
             else:
-                await host.gateway.requeue(self.assignment.id, nxt)
+                await host.gateway.requeue(self.s.assignment.id, nxt)
         except Exception as exc:
             log_failure(
-                self.log, f"stream {self.stream!r}: giving back a contended assignment", exc, 0
+                self.s.log, f"stream {self.s.stream!r}: giving back a contended assignment", exc, 0
             )
             return Outcome.STOPPED  # the plain hand-back then tries, without a count
         return Outcome.SETTLED
@@ -248,33 +251,33 @@ class StreamEndings(StreamState):
         Raises:
             RedisUnavailable, RedisCommandError: try again.
         """
-        host = self.host
+        host = self.s.host
         retention_ms = self._retention_ms()
-        if not self._sealed and host.cluster_mode is ClusterMode.NONE:
+        if not self.s.sealed and host.cluster_mode is ClusterMode.NONE:
             return await self._complete_at_once(retention_ms)
-        if not self._sealed:
+        if not self.s.sealed:
             if not await host.gateway.seal(
-                self.stream,
-                self.token,
+                self.s.stream,
+                self.s.token,
                 retention_ms,
-                [*self.to_ack, *self._eos],
+                [*self.s.to_ack, *self.s.eos_ids],
                 cancelled=self._ends_early(),
-                job=self.assignment.first_id,
+                job=self.s.assignment.first_id,
                 # Under SESSION the lock lives 10 minutes: cut to lock_ttl_s, an owner
                 # that dies between the finish and the release leaves it that long only.
                 lock_cap_ms=host.config.lock_ttl_ms,
             ):
-                return self._completed
-            self._sealed = True
-            self.lock_cut = True
-            self.to_ack, self._eos = [], []
-        if await host.gateway.finish(self.assignment.id):
-            self._completed = True
+                return self.s.completed
+            self.s.sealed = True
+            self.s.lock_cut = True
+            self.s.to_ack, self.s.eos_ids = [], []
+        if await host.gateway.finish(self.s.assignment.id):
+            self.s.completed = True
         # The retention was set by the seal; only "delete at once" is left to do.
         released = await host.gateway.release(
-            self.stream, self.token, 0 if retention_ms == 0 else -1, ended=True
+            self.s.stream, self.s.token, 0 if retention_ms == 0 else -1, ended=True
         )
-        return self._completed or released
+        return self.s.completed or released
 
     async def _complete_at_once(self, retention_ms: int) -> bool:
         """:meth:`_complete` in one script where every key is on one server
@@ -287,29 +290,29 @@ class StreamEndings(StreamState):
         a recoverer re-queued the assignment while Redis was away and a successor
         holds the lock, the stream is lost.
         """
-        host = self.host
+        host = self.s.host
         try:
             sealed, finished = await host.gateway.complete(
-                self.stream,
-                self.token,
+                self.s.stream,
+                self.s.token,
                 retention_ms,
-                self.assignment.id,
-                [*self.to_ack, *self._eos],
+                self.s.assignment.id,
+                [*self.s.to_ack, *self.s.eos_ids],
                 cancelled=self._ends_early(),
-                job=self.assignment.first_id,
+                job=self.s.assignment.first_id,
             )
         except Exception:
-            self._reply_lost = True
+            self.s.reply_lost = True
             raise
         if not sealed:
-            if self._reply_lost:
-                holder, ended_job = await host.gateway.lock_and_ended(self.stream)
-                if holder is None and ended_job == self.assignment.first_id:
-                    self._completed = True
-            return self._completed
-        self._sealed = self.lock_cut = True
-        self.to_ack, self._eos = [], []
-        self._completed = self._completed or finished
+            if self.s.reply_lost:
+                holder, ended_job = await host.gateway.lock_and_ended(self.s.stream)
+                if holder is None and ended_job == self.s.assignment.first_id:
+                    self.s.completed = True
+            return self.s.completed
+        self.s.sealed = self.s.lock_cut = True
+        self.s.to_ack, self.s.eos_ids = [], []
+        self.s.completed = self.s.completed or finished
         return True
 
     def _ends_early(self) -> bool:
@@ -317,22 +320,22 @@ class StreamEndings(StreamState):
         skips what is left of this job (acked unhandled, the group moved to the
         stream's end). Left in place it would be the first thing the next job of the
         same name reads (docs/design.md#finishing-and-hand-back)."""
-        return self.cancel_reason is not None or (self.finish_requested and not self._eos)
+        return self.s.cancel_reason is not None or (self.s.finish_requested and not self.s.eos_ids)
 
     def _retention_ms(self) -> int:
         """What completing does to a finished data stream: -1 keep, 0 delete, >0 PEXPIRE."""
-        ttl_s = self.host.config.finished_stream_ttl_s
+        ttl_s = self.s.host.config.finished_stream_ttl_s
         return -1 if ttl_s is None else math.ceil(ttl_s * 1000)
 
-    async def _settle(self, outcome: Outcome) -> None:
+    async def settle(self, outcome: Outcome) -> None:
         """Clean-up after the stream's task ended (shielded): hand back what is unfinished."""
         if outcome in (Outcome.FINISHED, Outcome.SETTLED):
             return
-        self.host.disown(self)
-        if self.lost:
+        self.s.host.disown(self.s)
+        if self.s.lost:
             return
         with anyio.move_on_after(CLEANUP_TIMEOUT_S):
-            if self._ending:
+            if self.s.ending:
                 await self._complete_on_exit()
             else:
                 await self._hand_back()
@@ -344,11 +347,11 @@ class StreamEndings(StreamState):
         (the seal had not happened) and finishes the stream, or finds it sealed and only
         completes the assignment.
         """
-        host = self.host
+        host = self.s.host
         try:
             done = await self._complete()
         except Exception as exc:
-            log_failure(self.log, f"stream {self.stream!r}: finishing on exit", exc, 0.0)
+            log_failure(self.s.log, f"stream {self.s.stream!r}: finishing on exit", exc, 0.0)
             await self._hand_back()
             return
         if done:
@@ -368,26 +371,28 @@ class StreamEndings(StreamState):
         steps but the first: the acquire may have taken the lock even if its reply
         never arrived, and the release's token check makes that safe either way.
         """
-        host = self.host
+        host = self.s.host
         gw = host.gateway
         try:
-            if self.acquired:
-                read = await gw.fenced_read(self.stream, self.token, host.name, 0, self.to_ack)
-                self.to_ack = []
+            if self.s.acquired:
+                read = await gw.fenced_read(
+                    self.s.stream, self.s.token, host.name, 0, self.s.to_ack
+                )
+                self.s.to_ack = []
                 if not read.owned:
-                    self.mark_lost()
+                    self.s.mark_lost()
                     return
-            await gw.requeue(self.assignment.id, None)
-            await gw.release(self.stream, self.token, -1)
+            await gw.requeue(self.s.assignment.id, None)
+            await gw.release(self.s.stream, self.s.token, -1)
         except Exception as exc:
             log_failure(
-                self.log,
-                f"could not hand back stream {self.stream!r}: it will be recovered",
+                self.s.log,
+                f"could not hand back stream {self.s.stream!r}: it will be recovered",
                 exc,
                 0.0,
             )
             return
-        if self.acquired:
+        if self.s.acquired:
             host.metrics.stream_event(host.service, StreamEvent.HANDED_BACK)
-            self.log.info("handed back stream %r", self.stream)
-            _tracing.mark("streamjobs.hand_back", self.log_extra())
+            self.s.log.info("handed back stream %r", self.s.stream)
+            _tracing.mark("streamjobs.hand_back", self.s.log_extra())

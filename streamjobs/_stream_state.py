@@ -126,11 +126,12 @@ class StreamState:
         # stream is completed, never handed back. The marker's id is acked only by
         # the release that ends the stream, so a stream whose completion did not
         # happen keeps its marker for the next owner.
-        self._ending = False
-        self._eos: list[str] = []
-        self._completed = False  # a finish call of ours deleted the assignment
-        self._sealed = False  # the final acks and the retention are written
-        self._reply_lost = False  # a completion call failed: it may have been done
+        self.ending = False
+        """The end was reached (marker or ``finish()``): it completes, or is lost."""
+        self.eos_ids: list[str] = []
+        self.completed = False  # a finish call of ours deleted the assignment
+        self.sealed = False  # the final acks and the retention are written
+        self.reply_lost = False  # a completion call failed: it may have been done
         self.lock_cut = False
         """The lock was cut to the short TTL (``lock_ttl_s``) because the assignment is
         about to go: the session heartbeat must not lengthen it again."""
@@ -147,9 +148,9 @@ class StreamState:
         # Created only when someone waits on this stream's state: an idle stream
         # holds none (an event and its deque cost about 1 KiB, per stream).
         self._changed: anyio.Event | None = None
-        self._scope = anyio.CancelScope()
-        self._wait_scope: anyio.CancelScope | None = None
-        self._idle_wake: asyncio.Future[None] | None = None
+        self.scope = anyio.CancelScope()
+        self.wait_scope: anyio.CancelScope | None = None
+        self.idle_wake: asyncio.Future[None] | None = None
         """What ends this stream's wait on the shared idle wait, while it waits."""
         self._log: logging.LoggerAdapter[logging.Logger] | None = None
 
@@ -157,11 +158,11 @@ class StreamState:
     def stream(self) -> str:
         return self.assignment.stream
 
-    def _first_count(self) -> int:
+    def first_count(self) -> int:
         """Entries to read first: sized by the largest entry the consumer saw last."""
-        return self._count_for(self.host.entry_size_hint)
+        return self.count_for(self.host.entry_size_hint)
 
-    def _count_for(self, entry_bytes: int) -> int:
+    def count_for(self, entry_bytes: int) -> int:
         cfg = self.host.config
         return max(1, min(cfg.read_batch_size, cfg.read_batch_bytes // max(1, entry_bytes)))
 
@@ -175,11 +176,6 @@ class StreamState:
             adapter = self._log = logging.LoggerAdapter(log, self.log_extra())
         return adapter
 
-    @property
-    def ending(self) -> bool:
-        """The end was reached (marker or ``finish()``): it completes, or is lost."""
-        return self._ending
-
     # -- called by the runtime -------------------------------------------------------
 
     def renew(self, confirmed_at: float) -> None:
@@ -187,7 +183,7 @@ class StreamState:
         cfg = self.host.config
         self.lease_deadline = confirmed_at + cfg.lock_ttl_s - cfg.margin_s
         self.confirmed(confirmed_at)
-        self._notify()
+        self.notify()
 
     def confirmed(self, sent_at: float) -> None:
         """A call sent at ``sent_at`` found the lock ours (it did not extend it)."""
@@ -195,21 +191,21 @@ class StreamState:
 
     def heartbeat_failed(self) -> None:
         """Wake waiters, so a lapsed lease is noticed."""
-        self._notify()
+        self.notify()
 
     def interrupt(self) -> None:
         """Shutdown began: stop waiting for entries and stop after the current one."""
-        self._end_wait()
-        self._notify()
+        self.end_wait()
+        self.notify()
 
     def request_finish(self) -> None:
         """``finish()``: end after the current entry, or now if waiting for entries."""
         self.finish_requested = True
-        self._end_wait()
+        self.end_wait()
 
     def cancel(self) -> None:
         """The grace period is over: cancel whatever runs (the hand-back still runs)."""
-        self._scope.cancel()
+        self.scope.cancel()
 
     def mark_lost(self) -> None:
         """The lock is gone or someone else's: stop at once, ack nothing, tell the user."""
@@ -217,8 +213,8 @@ class StreamState:
             return
         self.lost = True
         self.to_ack = []  # a disowned consumer acks nothing
-        self._end_wait()
-        self._notify()
+        self.end_wait()
+        self.notify()
         host = self.host
         host.metrics.stream_event(host.service, StreamEvent.LOST)
         self.log.warning("lost stream %r (lock expired or taken over)", self.stream)
@@ -226,27 +222,27 @@ class StreamState:
         # Reported now, not when the in-flight handler returns (it may run for long).
         host.spawn(self._report_lost)
 
-    def _end_wait(self) -> None:
+    def end_wait(self) -> None:
         """End the stream's wait for entries, if it waits (shutdown, finish, loss)."""
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
-        wake = self._idle_wake
+        if self.wait_scope is not None:
+            self.wait_scope.cancel()
+        wake = self.idle_wake
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         """Wake every waiter on this stream's state (lease, lost, shutdown)."""
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
 
-    def _state_changed(self) -> anyio.Event:
+    def state_changed(self) -> anyio.Event:
         """The event the next ``_notify`` sets."""
         if self._changed is None:
             self._changed = anyio.Event()
         return self._changed
 
-    def _stopping(self) -> bool:
+    def stopping(self) -> bool:
         return self.lost or self.host.draining
 
     def log_extra(self) -> dict[str, str]:
@@ -262,8 +258,8 @@ class StreamState:
         """Sleep ``delay_s`` unless the stream is lost or shutdown starts; True if it slept."""
         deadline = time.monotonic() + delay_s
         while True:
-            changed = self._state_changed()
-            if self._stopping():
+            changed = self.state_changed()
+            if self.stopping():
                 return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
