@@ -6,8 +6,8 @@ with :class:`Producer`. See README.md and docs/.
 
 from __future__ import annotations
 
-from ._deadletter import DeadLetterReason as DeadLetterReason
 from ._deadletter import DeadLetterRecord as DeadLetterRecord
+from ._dlq_reason import DeadLetterReason as DeadLetterReason
 from ._stats import ConsumerStatistics as ConsumerStatistics
 from .config import ClusterMode as ClusterMode
 from .config import ConsumerConfig as ConsumerConfig

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import anyio
 import anyio.abc
 
+from ._cli_errors import UsageError
 from ._deadletter import DeadLetterRecord
 from ._keys import DEFAULT_PREFIX, Keys
 from ._operator import OperatorGateway, owner_of
@@ -109,10 +110,6 @@ def add_commands(sub: Any, env_var: str, default_url: str) -> None:
     add_connection_args(prune, env_var, default_url)
     prune.add_argument("--dry-run", action="store_true")
     prune.add_argument("--json", action="store_true")
-
-
-class UsageError(Exception):
-    """Bad input on the command line (exit 2)."""
 
 
 def _filter(ns: argparse.Namespace) -> DeadLetterFilter | None:

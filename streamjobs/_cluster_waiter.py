@@ -36,7 +36,10 @@ import anyio.abc
 
 from ._guard import LoopGuard
 from ._notifications import cause, ensure_keyspace_events, node_client
-from ._redis import Addr, Gateway, StreamGateway, text, translate
+from ._redis._boundary import Addr, translate
+from ._redis._gateway import Gateway
+from ._redis._protocol import StreamGateway
+from ._redis._replies import text
 from ._waiter import IDLE_RECHECK_S, Wait, Waiter, register, until_woken
 from .exceptions import RedisUnavailable
 from .metrics import MetricsRecorder

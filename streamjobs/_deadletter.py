@@ -35,12 +35,12 @@ original fields in one field ``_fields_json``: a JSON array
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._dlq_reason import DeadLetterReason
 from ._wire import RETRY_FIELD
 
 REASON_FIELD = "_dlq_reason"
@@ -80,30 +80,6 @@ META_FIELDS = (
 ERROR_MAX_CHARS = 1000
 
 Pairs = list[tuple[str, str]]
-
-
-class DeadLetterReason(enum.Enum):
-    """``_dlq_reason`` of a dead-letter entry."""
-
-    MAX_RETRIES_EXCEEDED = "max_retries_exceeded"
-    """An assignment whose owners died ``max_retries`` times (a poison stream)."""
-    UNPARSEABLE = "unparseable"
-    """An assignment entry that cannot be parsed."""
-    HANDLER_FAILED = "handler_failed"
-    """A data entry whose handler kept failing (``max_handler_attempts``)."""
-    REJECTED = "rejected"
-    """A data entry whose handler raised ``DeadLetter``; the reason it gave is in
-    ``_rejected`` (:attr:`DeadLetterRecord.rejected`), findable with
-    ``DeadLetterFilter(reason=<that text>)``. A fixed value, so metric labels stay
-    bounded whatever the handlers say."""
-    TOO_LARGE = "too_large"
-    """An assignment to re-queue with too many fields for a script to copy."""
-    UNUSABLE_STREAM = "unusable_stream"
-    """An assignment whose data stream cannot be used (a key of another type, say)."""
-    IDLE_TIMEOUT = "idle_timeout"
-    """An assignment whose stream got no new entry for ``stream_idle_timeout_s``."""
-    MANUAL = "manual"
-    """Written by an operator."""
 
 
 def describe_error(error: BaseException) -> str:

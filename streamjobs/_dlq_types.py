@@ -8,7 +8,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._deadletter import DeadLetterReason, DeadLetterRecord
+from ._deadletter import DeadLetterRecord
+from ._dlq_reason import DeadLetterReason
 from .exceptions import ConfigurationError
 
 Progress = Callable[[int, int], None]

@@ -22,7 +22,9 @@ from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._group_lane import Lane, log, log_group_failure
 from ._lifecycle import Lifecycle
 from ._pipeline import BaseHooks, EntryPipeline
-from ._redis import Channel, Gateway, translate
+from ._redis._boundary import translate
+from ._redis._channel import Channel
+from ._redis._gateway import Gateway
 from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
 from .config import ConsumerConfig, GroupRetention, RecoveryConfig

@@ -23,12 +23,14 @@ from typing import Any, Protocol
 import anyio
 
 from ._backoff import Backoff
-from ._cluster_waiter import ClusterWaiter
-from ._deadletter import GROUP_FIELD, REASON_FIELD, DeadLetterReason, Pairs, entry_dead_letter
+from ._deadletter import GROUP_FIELD, REASON_FIELD, Pairs, entry_dead_letter
+from ._dlq_reason import DeadLetterReason
 from ._guard import log_failure
+from ._idle import IdleWait
 from ._pipeline import Admit, EntryPipeline
-from ._redis import Gateway, text_fields, translate
-from ._waiter import Waiter
+from ._redis._boundary import translate
+from ._redis._gateway import Gateway
+from ._redis._replies import text_fields
 from .config import ConsumerConfig, RecoveryConfig
 from .exceptions import NoSuchGroup
 from .metrics import MetricsRecorder, StreamEvent
@@ -59,7 +61,10 @@ class LaneHost(Protocol):
     pipeline: EntryPipeline
     config: ConsumerConfig
     recovery: RecoveryConfig
-    waiter: Waiter | ClusterWaiter
+
+    @property
+    def waiter(self) -> IdleWait: ...
+
     service: str
     group: str
     name: str

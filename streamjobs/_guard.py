@@ -14,7 +14,7 @@ import logging
 import anyio
 
 from ._backoff import Backoff
-from ._redis import REDIS_FAILURES, UnexpectedClientError
+from ._redis._boundary import REDIS_FAILURES, UnexpectedClientError
 from .metrics import MetricsRecorder
 
 

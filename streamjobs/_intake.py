@@ -14,7 +14,8 @@ import anyio.abc
 
 from ._guard import LoopGuard, log_failure
 from ._ownership import OwnedStream
-from ._redis import REDIS_FAILURES, RawFields
+from ._redis._boundary import REDIS_FAILURES
+from ._redis._replies import RawFields
 from ._runtime_liveness import Liveness, log
 from ._stream_state import CLEANUP_TIMEOUT_S, Host
 from ._wire import parse_assignment

@@ -30,16 +30,9 @@ import anyio.abc
 from redis.asyncio import Redis
 
 from ._backoff import Backoff
-from ._redis import (
-    REDIS_FAILURES,
-    Addr,
-    SlotMap,
-    cluster_state,
-    get_config,
-    set_config,
-    text,
-    translate,
-)
+from ._redis._admin import cluster_state, get_config, set_config
+from ._redis._boundary import REDIS_FAILURES, Addr, SlotMap, translate
+from ._redis._replies import text
 from .exceptions import ClusterNotSettled, PermissionDenied, RedisUnavailable
 from .metrics import MetricsRecorder
 

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._redis import Gateway, id_order, raw, script, sized_entries, text, translated
+from ._redis._boundary import script, translated
+from ._redis._gateway import Gateway
+from ._redis._replies import id_order, raw, sized_entries, text
 from ._session import parse_session_token
 
 CHUNK = 1000

@@ -31,7 +31,7 @@ import anyio.to_thread
 from ._backoff import Backoff
 from ._deadletter import Pairs, entry_dead_letter
 from ._guard import log_failure
-from ._redis import DataEntry, text_fields
+from ._redis._replies import DataEntry, text_fields
 from ._stream_acquire import Acquisition
 from ._stream_end import StreamEnd
 from ._stream_state import (

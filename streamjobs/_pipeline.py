@@ -25,9 +25,10 @@ import anyio.to_thread
 
 from . import _tracing
 from ._backoff import Backoff
-from ._deadletter import DeadLetterReason, Pairs, describe_error
+from ._deadletter import Pairs, describe_error
+from ._dlq_reason import DeadLetterReason
 from ._guard import log_failure
-from ._redis import text_fields
+from ._redis._replies import text_fields
 from .exceptions import (
     DeadLetter,
     HandlerTimeout,

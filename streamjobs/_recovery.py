@@ -12,8 +12,11 @@ import logging
 from dataclasses import dataclass
 
 from . import _tracing
-from ._deadletter import DeadLetterReason, assignment_meta
-from ._redis import EntryTooLarge, RawFields, StreamGateway
+from ._deadletter import assignment_meta
+from ._dlq_reason import DeadLetterReason
+from ._redis._boundary import EntryTooLarge
+from ._redis._protocol import StreamGateway
+from ._redis._replies import RawFields
 from ._wire import Assignment, parse_assignment, parse_retry_count
 from .exceptions import InvalidAssignment
 from .metrics import MetricsRecorder, RequeueOutcome

@@ -34,7 +34,8 @@ from ._notifications import (
     subscribe,
 )
 from ._recovery import Recoverer
-from ._redis import StreamGateway, client_db
+from ._redis._admin import client_db
+from ._redis._protocol import StreamGateway
 from ._session import parse_member as parse_session_member
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder

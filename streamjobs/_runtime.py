@@ -37,7 +37,11 @@ from ._lifecycle import Lifecycle
 from ._pipeline import EntryPipeline, Hooks
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
-from ._redis import REDIS_FAILURES, Channel, Gateway, StreamGateway, eviction_policies
+from ._redis._admin import eviction_policies
+from ._redis._boundary import REDIS_FAILURES
+from ._redis._channel import Channel
+from ._redis._gateway import Gateway
+from ._redis._protocol import StreamGateway
 from ._runtime_liveness import Liveness, log
 from ._stats import ConsumerStatistics, Tally
 from ._stream_state import CLEANUP_TIMEOUT_S, StreamState

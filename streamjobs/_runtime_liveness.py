@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 
 from ._guard import log_failure
-from ._redis import StreamGateway
+from ._redis._protocol import StreamGateway
 from ._session import new_incarnation, session_token
 from ._stream_state import CLEANUP_TIMEOUT_S, StreamState
 from .config import ConsumerConfig

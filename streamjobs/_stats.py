@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._deadletter import DeadLetterReason
+from ._dlq_reason import DeadLetterReason
 from .metrics import (
     EntryOutcome,
     MetricsRecorder,

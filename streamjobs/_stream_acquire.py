@@ -11,7 +11,7 @@ import anyio.to_thread
 
 from ._backoff import Backoff
 from ._guard import log_failure
-from ._redis import ACQUIRED_ENDED, NOT_ACQUIRED
+from ._redis._boundary import ACQUIRED_ENDED, NOT_ACQUIRED
 from ._session import parse_session_token
 from ._stream_state import (
     PERMANENT,

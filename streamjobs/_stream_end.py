@@ -10,9 +10,9 @@ import anyio.to_thread
 
 from . import _tracing
 from ._backoff import Backoff
-from ._deadletter import DeadLetterReason
+from ._dlq_reason import DeadLetterReason
 from ._guard import log_failure
-from ._redis import id_order
+from ._redis._replies import id_order
 from ._stream_state import (
     CLEANUP_TIMEOUT_S,
     Outcome,

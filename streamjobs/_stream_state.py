@@ -15,11 +15,11 @@ import anyio
 import anyio.to_thread
 
 from . import _tracing
-from ._cluster_waiter import ClusterWaiter
+from ._idle import IdleWait
 from ._pipeline import EntryPipeline, Hooks
 from ._recovery import Recoverer
-from ._redis import ReadReply, StreamGateway
-from ._waiter import Waiter
+from ._redis._protocol import StreamGateway
+from ._redis._replies import ReadReply
 from ._wire import Assignment
 from .config import ClusterMode, ConsumerConfig
 from .exceptions import (
@@ -63,10 +63,12 @@ class Host(Protocol):
     service: str
     name: str
     entry_size_hint: int
-    waiter: Waiter | ClusterWaiter | None
-    """The shared idle wait (blocking reads on a standalone server, keyspace events on
-    an OSS cluster), or None: each stream blocks on a read of its own."""
     """Bytes of the largest entry in the last batch any stream read: sizes first reads."""
+
+    @property
+    def waiter(self) -> IdleWait | None:
+        """The shared idle wait (blocking reads on a standalone server, keyspace events
+        on an OSS cluster), or None: each stream blocks on a read of its own."""
 
     @property
     def session_confirmed_at(self) -> float | None:

@@ -32,7 +32,8 @@ import anyio
 import anyio.abc
 
 from ._guard import LoopGuard
-from ._redis import BlockingReader, StreamGateway
+from ._redis._admin import BlockingReader
+from ._redis._protocol import StreamGateway
 from .exceptions import RedisCommandError
 from .metrics import MetricsRecorder
 

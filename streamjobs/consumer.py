@@ -21,7 +21,7 @@ from ._checks import (
     default_consumer_name,
 )
 from ._keys import Keys
-from ._redis import Gateway
+from ._redis._gateway import Gateway
 from ._runtime import Runtime
 from ._waiter import shard_count
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s

@@ -44,7 +44,8 @@ from typing import Any
 
 import anyio
 
-from ._deadletter import DeadLetterReason, DeadLetterRecord, parse_dead_letter
+from ._deadletter import DeadLetterRecord, parse_dead_letter
+from ._dlq_reason import DeadLetterReason
 from ._dlq_replay import (
     _ID,
     REPLAY_MARKER_TTL_MS,

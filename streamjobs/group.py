@@ -31,7 +31,7 @@ from ._checks import (
 )
 from ._group import GroupRuntime
 from ._keys import Keys
-from ._redis import Gateway
+from ._redis._gateway import Gateway
 from ._waiter import shard_count
 from .config import (
     ClusterMode,

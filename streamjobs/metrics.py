@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from ._deadletter import DeadLetterReason
+from ._dlq_reason import DeadLetterReason
 from .exceptions import ConfigurationError
 
 

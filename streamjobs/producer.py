@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from . import _tracing
 from ._keys import DEFAULT_PREFIX, Keys
-from ._redis import Gateway
+from ._redis._gateway import Gateway
 from ._wire import EOS_FIELD, EOS_VALUE, build_fields
 from .exceptions import ConfigurationError
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ._deadletter import DeadLetterReason
+from ._dlq_reason import DeadLetterReason
 from .metrics import EntryOutcome, RequeueOutcome, ServiceSample, StreamEvent
 
 HANDLING_BUCKETS = (
