@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -66,12 +65,6 @@ _DEBOUNCE_S = 0.002
 """Registrations arriving together are subscribed with one command."""
 
 _CHANNEL = "__keyspace@0__:"
-
-
-@dataclass(slots=True, eq=False)
-class _Wait(Wait):
-    node: str
-    """The primary whose subscription it waits on (by node name)."""
 
 
 class _Node:
@@ -199,7 +192,7 @@ class ClusterWaiter:
         self.configure_flags = configure_flags
         self.flags_refused = False
         """A primary refused the flags: streams wait with blocking reads of their own."""
-        self._waiting: dict[str, _Wait] = {}
+        self._waiting: dict[str, Wait] = {}
         self.nodes: dict[str, _Node] = {}
         """The subscription of each primary some stream waits on (by node name)."""
         self._tg: anyio.abc.TaskGroup | None = None
@@ -230,7 +223,7 @@ class ClusterWaiter:
         node = self._node(stream)
         if woken is None:
             woken = asyncio.get_running_loop().create_future()
-        entry = _Wait(after_id, woken, node.name)
+        entry = Wait(after_id, woken, node.name)
         register(self._waiting, stream, entry)
         if stream in node.subscribed:
             # Still subscribed (a wake-up that found nothing new, re-waiting before the

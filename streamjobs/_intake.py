@@ -16,7 +16,7 @@ from ._guard import LoopGuard, log_failure
 from ._ownership import OwnedStream
 from ._redis._boundary import REDIS_FAILURES
 from ._redis._replies import RawFields
-from ._runtime_liveness import Liveness, log
+from ._runtime_liveness import Heartbeat, log
 from ._stream_state import CLEANUP_TIMEOUT_S, Host
 from ._wire import parse_assignment
 from .exceptions import (
@@ -31,7 +31,7 @@ class Intake:
 
     Args:
         host: the runtime, which every stream sees as its ``Host``.
-        liveness: under ``Liveness.SESSION`` nothing is taken without a live session.
+        heartbeat: under ``Liveness.SESSION`` nothing is taken without a live session.
 
     Attributes:
         streams: the streams acquiring, owned, or being handed back.
@@ -40,9 +40,9 @@ class Intake:
         group_missing: the last read found no consumer group (readiness).
     """
 
-    def __init__(self, host: Host, liveness: Liveness) -> None:
+    def __init__(self, host: Host, heartbeat: Heartbeat) -> None:
         self.host = host
-        self.liveness = liveness
+        self.heartbeat = heartbeat
         self.streams: set[OwnedStream] = set()
         self.all_done = anyio.Event()
         self.all_done.set()
@@ -121,8 +121,8 @@ class Intake:
         guard = LoopGuard("intake", self.host.service, self.host.metrics, log)
         try:
             while not self.host.draining:
-                if self.liveness.session_mode and not self.liveness.session_live():
-                    await self.liveness.wait_for_session()
+                if self.heartbeat.session_mode and not self.heartbeat.session_live():
+                    await self.heartbeat.wait_for_session()
                     continue
                 free = self.host.config.max_concurrent_streams - len(self.streams)
                 if free <= 0:

@@ -141,7 +141,7 @@ async def ensure_keyspace_events(client: Any, needed: str, *, configure: bool) -
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterView:
+class Topology:
     primaries: frozenset[Addr]
     settled: bool
     reason: str = ""
@@ -154,7 +154,7 @@ def known_nodes(cluster: Any) -> set[Addr]:
     return nodes
 
 
-async def cluster_view(cluster: Any) -> ClusterView:
+async def cluster_view(cluster: Any) -> Topology:
     """Ask every known node for its state and slot map (pure reads; changes nothing).
 
     Settled means every reachable node says ``cluster_state:ok``, all of them report
@@ -194,7 +194,7 @@ async def cluster_view(cluster: Any) -> ClusterView:
     if owners - reachable:
         settled = False
         problems.append("a slot owner is unreachable")
-    return ClusterView(frozenset(maps[0].values()), settled, "; ".join(problems))
+    return Topology(frozenset(maps[0].values()), settled, "; ".join(problems))
 
 
 async def subscribe(

@@ -39,7 +39,7 @@ from ._stream_state import (
     PERMANENT,
     Host,
     Outcome,
-    StreamState,
+    OwnedStreamState,
 )
 from ._wire import (
     CANCEL_FIELD,
@@ -80,7 +80,7 @@ class OwnedStream:
     last_flush = 0.0
 
     def __init__(self, host: Host, assignment: Assignment) -> None:
-        self.s = StreamState(host, assignment)
+        self.s = OwnedStreamState(host, assignment)
         self.acquisition = Acquisition(self.s)
         self.end = StreamEnd(self.s)
 
@@ -256,7 +256,7 @@ class OwnedStream:
         if waiter is not None and waiter.usable:
             # No cancel scope per idle stream (about 0.6 KiB each): what must end the
             # wait early (shutdown, finish(), a loss) resolves this wait's own future
-            # (StreamState.end_wait). Nothing awaits between the check and the
+            # (OwnedStreamState.end_wait). Nothing awaits between the check and the
             # registration, so no such call can fall between them.
             if self.s.stopping() or self.s.finish_requested:
                 return

@@ -42,9 +42,9 @@ from ._redis._boundary import REDIS_FAILURES
 from ._redis._channel import Channel
 from ._redis._gateway import Gateway
 from ._redis._protocol import StreamGateway
-from ._runtime_liveness import Liveness, log
+from ._runtime_liveness import Heartbeat, log
 from ._stats import ConsumerStatistics, Tally
-from ._stream_state import CLEANUP_TIMEOUT_S, StreamState
+from ._stream_state import CLEANUP_TIMEOUT_S, OwnedStreamState
 from ._waiter import Waiter
 from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .exceptions import (
@@ -69,7 +69,7 @@ class Runtime:
     """One running consumer: its state, what its streams call on it (the ``Host`` of
     ``_stream_state``), its public operations, start-up, the task group and the
     two-phase shutdown. Its intake and liveness are collaborators it holds
-    (``_intake.Intake``, ``_runtime_liveness.Liveness``). Constructing it does no I/O.
+    (``_intake.Intake``, ``_runtime_liveness.Heartbeat``). Constructing it does no I/O.
 
     Args:
         hooks: the user's ``handle()`` and hooks.
@@ -127,7 +127,7 @@ class Runtime:
             metrics=self.metrics,
             name=name,
         )
-        self.owned: dict[str, StreamState] = {}
+        self.owned: dict[str, OwnedStreamState] = {}
         self.entry_size_hint = config.read_batch_bytes  # unknown: read one entry first
         shared = (cluster_mode is ClusterMode.NONE and client is not None) or (
             cluster_mode is ClusterMode.OSS and isinstance(gateway, Gateway)
@@ -148,8 +148,8 @@ class Runtime:
         )
         self._draining = False
         self.life = Lifecycle(hooks)
-        self.liveness = Liveness(self)
-        self.intake = Intake(self, self.liveness)
+        self.heartbeat = Heartbeat(self)
+        self.intake = Intake(self, self.heartbeat)
         self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
         self._leases: Coalescer[str, bool] = Coalescer(self._take_leases)
 
@@ -161,12 +161,12 @@ class Runtime:
 
     @property
     def session_confirmed_at(self) -> float | None:
-        return self.liveness.confirmed_at
+        return self.heartbeat.confirmed_at
 
     @property
     def lock_ttl_ms(self) -> int:
         cfg = self.config
-        return cfg.session_lock_ttl_ms if self.liveness.session_mode else cfg.lock_ttl_ms
+        return cfg.session_lock_ttl_ms if self.heartbeat.session_mode else cfg.lock_ttl_ms
 
     async def take_lease(self, assignment_id: str) -> bool:
         return await self._leases(assignment_id)
@@ -175,9 +175,9 @@ class Runtime:
         return await self.gateway.take_leases(ids, self.name, self.lock_ttl_ms)
 
     def lock_token(self) -> str:
-        return self.liveness.lock_token()
+        return self.heartbeat.lock_token()
 
-    def adopt(self, stream: StreamState) -> None:
+    def adopt(self, stream: OwnedStreamState) -> None:
         previous = self.owned.get(stream.stream)
         if previous is not None and previous is not stream:
             # This consumer took the stream again (it stalled past its TTL and then
@@ -186,7 +186,7 @@ class Runtime:
         self.owned[stream.stream] = stream
         self.metrics.owned_streams(self.service, len(self.owned))
 
-    def disown(self, stream: StreamState) -> None:
+    def disown(self, stream: OwnedStreamState) -> None:
         if self.owned.get(stream.stream) is stream:
             del self.owned[stream.stream]
             self.metrics.owned_streams(self.service, len(self.owned))
@@ -271,8 +271,8 @@ class Runtime:
             # Each run() is a new incarnation (docs/design.md#sessions): a session of an
             # earlier run that was seen dead, or whose end failed, never comes back, and
             # locks that run left behind read as dead at once.
-            self.liveness.confirmed_at = None
-            self.liveness.new_incarnation()
+            self.heartbeat.confirmed_at = None
+            self.heartbeat.new_incarnation()
             session = False
             try:
                 if isinstance(self.gateway, Gateway):
@@ -280,14 +280,14 @@ class Runtime:
                     self.gateway.scripts.channel = Channel(self.gateway.client)
                 await self._start_up_through_blips()
                 await self.life.hook("on_startup")
-                await self.liveness.touch_session()
+                await self.heartbeat.touch_session()
                 session = True
-                await self.liveness.forget_stop()
+                await self.heartbeat.forget_stop()
                 async with anyio.create_task_group() as tg:
                     await tg.start(self.intake.host_streams)
                     if self.waiter is not None:
                         await tg.start(self.waiter.run)
-                    tg.start_soon(self.liveness.heartbeat_loop)
+                    tg.start_soon(self.heartbeat.heartbeat_loop)
                     tg.start_soon(self.intake.loop)
                     tg.start_soon(self._pulse_loop)
                     if self._sampled and self.config.sample_interval_s is not None:
@@ -303,7 +303,7 @@ class Runtime:
                     tg.cancel_scope.cancel()
             finally:
                 if session:
-                    await self.liveness.end_session()
+                    await self.heartbeat.end_session()
 
     async def _check_eviction_policy(self) -> None:
         """Refuse to start (unless ``require_noeviction`` is off) when Redis may evict

@@ -1,6 +1,6 @@
 """A consumer's liveness (docs/design.md#liveness): its session (incarnation, renewal,
 end) under ``Liveness.SESSION``, the extension of its locks under ``Liveness.LOCK``,
-and the heartbeat loops that do either. :class:`Liveness` is held by the runtime."""
+and the heartbeat loops that do either. :class:`Heartbeat` is held by the runtime."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import anyio.abc
 from ._guard import log_failure
 from ._redis._protocol import StreamGateway
 from ._session import new_incarnation, session_token
-from ._stream_state import CLEANUP_TIMEOUT_S, StreamState
+from ._stream_state import CLEANUP_TIMEOUT_S, OwnedStreamState
 from .config import ConsumerConfig
 from .config import Liveness as LivenessMode
 from .metrics import MetricsRecorder
@@ -26,7 +26,7 @@ from .metrics import MetricsRecorder
 log = logging.getLogger("streamjobs._runtime")
 
 
-class LivenessHost(Protocol):
+class HeartbeatHost(Protocol):
     """The runtime, as its liveness sees it."""
 
     gateway: StreamGateway
@@ -34,7 +34,7 @@ class LivenessHost(Protocol):
     metrics: MetricsRecorder
     service: str
     name: str
-    owned: dict[str, StreamState]
+    owned: dict[str, OwnedStreamState]
 
     @property
     def draining(self) -> bool: ...
@@ -43,7 +43,7 @@ class LivenessHost(Protocol):
     def lock_ttl_ms(self) -> int: ...
 
 
-class Liveness:
+class Heartbeat:
     """Sessions, lock extension and the heartbeat of one consumer (its runtime holds
     one).
 
@@ -51,7 +51,7 @@ class Liveness:
         host: the runtime: its streams (``owned``), settings, gateway and metrics.
     """
 
-    def __init__(self, host: LivenessHost) -> None:
+    def __init__(self, host: HeartbeatHost) -> None:
         self.host = host
         self.session_mode = host.config.liveness is LivenessMode.SESSION
         self.confirmed_at: float | None = None

@@ -15,7 +15,7 @@ from ._redis._boundary import ACQUIRED_ENDED, NOT_ACQUIRED
 from ._session import parse_session_token
 from ._stream_state import (
     PERMANENT,
-    StreamState,
+    OwnedStreamState,
     log,
 )
 from .metrics import StreamEvent
@@ -24,7 +24,7 @@ from .metrics import StreamEvent
 class Acquisition:
     """Acquiring one assignment's stream (its ``OwnedStream`` holds one)."""
 
-    def __init__(self, s: StreamState) -> None:
+    def __init__(self, s: OwnedStreamState) -> None:
         self.s = s
 
     async def acquire(self) -> bool:

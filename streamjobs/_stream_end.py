@@ -16,7 +16,7 @@ from ._redis._replies import id_order
 from ._stream_state import (
     CLEANUP_TIMEOUT_S,
     Outcome,
-    StreamState,
+    OwnedStreamState,
 )
 from .config import ClusterMode
 from .exceptions import (
@@ -28,7 +28,7 @@ from .metrics import StreamEvent
 class StreamEnd:
     """The terminal paths of one owned stream (its ``OwnedStream`` holds one)."""
 
-    def __init__(self, s: StreamState) -> None:
+    def __init__(self, s: OwnedStreamState) -> None:
         self.s = s
 
     async def cancelled(self, reason: str) -> Outcome:

@@ -91,10 +91,10 @@ class Host(Protocol):
     def draining(self) -> bool:
         """Shutdown began: hand no more entries to ``handle()``."""
 
-    def adopt(self, stream: StreamState) -> None:
+    def adopt(self, stream: OwnedStreamState) -> None:
         """``stream`` now holds its lock."""
 
-    def disown(self, stream: StreamState) -> None:
+    def disown(self, stream: OwnedStreamState) -> None:
         """``stream`` no longer holds its lock (finished, lost or handed back)."""
 
     def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -108,7 +108,7 @@ class Outcome(enum.Enum):
     STOPPED = "stopped"  # shutdown, cancellation, or a lock held by someone else
 
 
-class StreamState:
+class OwnedStreamState:
     """One assignment's stream: its state, and the calls the runtime makes on it."""
 
     def __init__(self, host: Host, assignment: Assignment) -> None:

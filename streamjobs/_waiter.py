@@ -78,6 +78,8 @@ class Wait:
     """Resolved when the stream has entries, its timer ran out or its owner ends the
     wait: a bare future, since every idle stream holds one (an ``anyio.Event`` costs
     about 0.9 KiB, a future 0.15 KiB)."""
+    node: str = ""
+    """On a cluster: the primary whose subscription it waits on (by node name)."""
 
     def wake(self) -> None:
         if not self.woken.done():

@@ -11,10 +11,12 @@ translated at one boundary (``streamjobs._redis``) and chained with
     ├── InvalidStreamName         a data stream name with no co-located lock key
     ├── InvalidAssignment         an assignment entry that cannot be parsed
     ├── RedisUnavailable          connection refused/reset, timeout, server loading
+    │   └── UnexpectedClientError the client failed inside (logged with its traceback)
     ├── RedisCommandError         Redis answered with an error that retrying will not fix
     │   ├── NoSuchGroup           NOGROUP: the stream or its consumer group is gone
     │   ├── WrongKeyType          WRONGTYPE: a key holds another kind of value
     │   └── ScriptError           a streamjobs Lua script raised an error
+    │       └── EntryTooLarge     an assignment too large for a script to copy
     ├── ClusterNotSettled         reset_topology() found the cluster mid-change
     ├── HookFailed                on_startup() or on_shutdown() raised
     ├── HandlerTimeout            handle() ran past ConsumerConfig.handler_timeout_s
@@ -76,6 +78,15 @@ class RedisUnavailable(StreamJobsError, ConnectionError):
     """Redis could not be reached (connection error, timeout, loading, failover)."""
 
 
+class UnexpectedClientError(RedisUnavailable):
+    """The client raised something that is not a Redis error while running a command.
+
+    Seen in practice: ``AttributeError`` from inside redis-py when a connection is torn
+    down under load during a failover. Treated as transient (the command may or may
+    not have run, exactly as with a lost connection), but logged with its traceback.
+    """
+
+
 class RedisCommandError(StreamJobsError):
     """Redis answered a command with an error that retrying will not fix.
 
@@ -99,6 +110,13 @@ class PermissionDenied(RedisCommandError):
 
 class ScriptError(RedisCommandError):
     """A streamjobs Lua script failed while running (Redis does not roll it back)."""
+
+
+class EntryTooLarge(ScriptError):
+    """TOOLARGE: ``requeue.lua`` refused to copy an assignment with more fields than
+    one XADD in a script can carry (``_redis._scripts.MAX_COPY_VALUES``). Nothing was
+    written: the assignment is still pending, and recovery dead-letters it as
+    ``too_large``."""
 
 
 class ClusterNotSettled(StreamJobsError):

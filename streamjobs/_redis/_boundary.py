@@ -15,6 +15,9 @@ from redis import exceptions as rex
 
 from .._keys import Keys
 from ..exceptions import (
+    EntryTooLarge as EntryTooLarge,  # the boundary's to raise; importers find it here
+)
+from ..exceptions import (
     NoSuchGroup,
     PermissionDenied,
     RedisCommandError,
@@ -22,6 +25,9 @@ from ..exceptions import (
     ScriptError,
     StreamJobsError,
     WrongKeyType,
+)
+from ..exceptions import (
+    UnexpectedClientError as UnexpectedClientError,
 )
 from ._channel import Channel, release_to_node
 from ._replies import raw_sized_entries as raw_sized_entries  # tests import it from here
@@ -64,21 +70,6 @@ _TRANSIENT_PREFIXES = (
     "READONLY",
     "BUSY ",  # a script past lua-time-limit (ours or another client's): it ends
 )
-
-
-class UnexpectedClientError(RedisUnavailable):
-    """The client raised something that is not a Redis error while running a command.
-
-    Seen in practice: ``AttributeError`` from inside redis-py when a connection is torn
-    down under load during a failover. Treated as transient (the command may or may
-    not have run, exactly as with a lost connection), but logged with its traceback.
-    """
-
-
-class EntryTooLarge(ScriptError):
-    """TOOLARGE: ``requeue.lua`` refused to copy an assignment with more fields than
-    one XADD in a script can carry (``_redis._scripts.MAX_COPY_VALUES``). Nothing was written:
-    the assignment is still pending, and recovery dead-letters it as ``too_large``."""
 
 
 _TOO_LARGE_PREFIX = "TOOLARGE"

@@ -75,11 +75,11 @@ async def test_an_odd_error_of_the_topology_check_does_not_end_the_watcher(
     for a rebuild when the primaries move."""
     calls: list[int] = []
 
-    async def view(cluster: Any) -> _notifications.ClusterView:
+    async def view(cluster: Any) -> _notifications.Topology:
         calls.append(1)
         if len(calls) == 1:
             raise ValueError("an odd reply")
-        return _notifications.ClusterView(frozenset({NODES[1]}), settled=True)
+        return _notifications.Topology(frozenset({NODES[1]}), settled=True)
 
     monkeypatch.setattr(_notifications, "cluster_view", view)
     metrics = _Recorder()
