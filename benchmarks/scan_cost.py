@@ -74,7 +74,7 @@ async def run(assignments: int, passes: int) -> None:
         service = f"scan-{uuid.uuid4().hex[:8]}"
         keys = Keys(service)
         gw = Gateway(client, keys)
-        await gw.ensure_group()
+        await gw.assignments.ensure_group()
         for start in range(0, assignments, CHUNK):
             async with client.pipeline(transaction=False) as pipe:
                 for i in range(start, min(assignments, start + CHUNK)):
@@ -85,7 +85,7 @@ async def run(assignments: int, passes: int) -> None:
             reply = await client.xreadgroup(service, "owner", {keys.assignments: ">"}, count=CHUNK)
             ids += [i.decode() for i, _ in reply[0][1]]
         for start in range(0, assignments, CHUNK):
-            await gw.record_leases(ids[start : start + CHUNK], 3_600_000, new=True)
+            await gw.streams.record_leases(ids[start : start + CHUNK], 3_600_000, new=True)
             # Alive means a lock too: a lease this far ahead is a session-mode one, and
             # the scan asks the lock about it (docs/design.md#recovery).
             async with client.pipeline(transaction=False) as pipe:
@@ -102,7 +102,7 @@ async def run(assignments: int, passes: int) -> None:
             print(
                 f"| paced {n} | {pages} | {pages * 100:,} | {usec / 1000:.1f} | {wall * 1000:.0f} |"
             )
-        await gw.save_scan_cursor("-")
+        await gw.liveness.save_scan_cursor("-")
         whole = _loops(client, gw, service, 3600.0)
         pages, usec, wall = await _pass(client, keys, whole)
         row = f"| unpaced, whole list | {pages} | {assignments:,} | {usec / 1000:.1f} |"

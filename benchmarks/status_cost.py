@@ -42,7 +42,7 @@ async def _stats(client: Any) -> tuple[int, int]:
 
 async def _populate(client: Any, keys: Keys, streams: int, consumers: int, dead: int) -> None:
     gw = Gateway(client, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     names = [f"d:{keys.service}:{i}" for i in range(streams)]
     for start in range(0, streams, CHUNK):
         async with client.pipeline(transaction=False) as pipe:
@@ -68,11 +68,11 @@ async def _populate(client: Any, keys: Keys, streams: int, consumers: int, dead:
                 pipe.set(keys.lock(name), f"{owner}:abc", px=3_600_000)
                 pipe.xreadgroup(keys.group, owner, {name: ">"}, count=1)
             await pipe.execute()
-        await gw.record_leases(
+        await gw.streams.record_leases(
             [i for i, _ in delivered[start : start + CHUNK]], 3_600_000, new=True
         )
     for owner in owners:
-        await gw.touch_session(owner, "{}", 3_600_000)
+        await gw.liveness.touch_session(owner, "{}", 3_600_000)
     async with client.pipeline(transaction=False) as pipe:
         for i in range(dead):
             pipe.xadd(keys.dead_letters, {"n": str(i), "_dlq_reason": "handler_failed"})

@@ -26,7 +26,8 @@ import anyio.abc
 from ._cli_errors import UsageError
 from ._deadletter import DeadLetterRecord
 from ._keys import DEFAULT_PREFIX, Keys
-from ._operator import OperatorGateway, owner_of
+from ._redis._gateway import Gateway
+from ._redis._operator import owner_of
 from .dlq import DeadLetterFilter, DeadLetters, ReplayReport
 from .exceptions import StreamJobsError
 from .inspector import Inspector, Overview
@@ -414,28 +415,30 @@ async def prune_consumer_names(client: Any, keys: Keys, *, dry_run: bool) -> dic
     """Dead consumer names (no live session, no lock, nothing pending) removed from the
     assignment group and from the groups of the streams the active index names:
     {stream: [names]} (with ``dry_run``, what would be)."""
-    gw = OperatorGateway(client, keys)
-    consumers = await gw.consumers()
+    gw = Gateway(client, keys)
+    consumers = await gw.operator.consumers()
     alive = set()
-    for c, live in zip(consumers, await gw.sessions([c.name for c in consumers]), strict=True):
+    for c, live in zip(
+        consumers, await gw.operator.sessions([c.name for c in consumers]), strict=True
+    ):
         if live:
             alive.add(c.name)
-    pending = await gw.pending_all(100_000)
-    fields = await gw.assignment_fields([p.id for p in pending])
+    pending = await gw.operator.pending_all(100_000)
+    fields = await gw.operator.assignment_fields([p.id for p in pending])
     from ._wire import stream_name_of
 
     streams = sorted({stream_name_of(f) for f in fields if f} - {""})
-    streams += [s for s in await gw.indexed_streams() if s not in set(streams)]
-    for row in await gw.stream_rows(streams):
+    streams += [s for s in await gw.operator.indexed_streams() if s not in set(streams)]
+    for row in await gw.operator.stream_rows(streams):
         if row.holder:
             alive.add(owner_of(row.holder))
     out: dict[str, list[str]] = {}
     lbs = [c.name for c in consumers if c.name not in alive and c.pending == 0]
-    out[keys.assignments] = lbs if dry_run else await gw.prune_names(keys.assignments, lbs)
-    for stream, names in zip(streams, await gw.group_consumers(streams), strict=True):
+    out[keys.assignments] = lbs if dry_run else await gw.operator.prune_names(keys.assignments, lbs)
+    for stream, names in zip(streams, await gw.operator.group_consumers(streams), strict=True):
         dead = [n for n, p in names if n not in alive and p == 0]
         if dead:
-            out[stream] = dead if dry_run else await gw.prune_names(stream, dead)
+            out[stream] = dead if dry_run else await gw.operator.prune_names(stream, dead)
     return {k: v for k, v in out.items() if v}
 
 

@@ -260,7 +260,7 @@ class ClusterWaiter:
         if entry is None:
             return
         try:
-            missed = await self.gateway.newer_than(stream, entry.after_id)
+            missed = await self.gateway.streams.newer_than(stream, entry.after_id)
         except Exception:
             missed = True  # it reads by itself: that read tells
         if missed:

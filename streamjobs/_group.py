@@ -82,7 +82,7 @@ class GroupRuntime:
             service=self.service,
             consumer=name,
             group=self.group,
-            dead_letters=gateway,
+            dead_letters=gateway.assignments,
         )
         self.lanes: list[Lane] = []
         # The shared idle wait, as for StreamConsumer: one blocking read for every idle
@@ -151,7 +151,7 @@ class GroupRuntime:
             self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
             self.gateway.scripts.channel = Channel(self.gateway.client)
             try:
-                await self.gateway.load_scripts()
+                await self.gateway.assignments.load_scripts()
             except Exception as exc:
                 error = translate(exc)
                 if isinstance(error, RedisUnavailable):

@@ -134,7 +134,7 @@ class Intake:
                     if isinstance(exc, NoSuchGroup):  # the LBS or its group was deleted
                         self.group_missing = True
                         with contextlib.suppress(*REDIS_FAILURES):
-                            await self.host.gateway.ensure_group()
+                            await self.host.gateway.assignments.ensure_group()
                     await guard.failed(exc, "intake")
                     continue
                 self.group_missing = False
@@ -155,7 +155,9 @@ class Intake:
             anyio.CancelScope(shield=True),
             anyio.move_on_after(block_ms / 1000 + CLEANUP_TIMEOUT_S),
         ):
-            return await self.host.gateway.read_assignments(self.host.name, count, block_ms)
+            return await self.host.gateway.assignments.read_assignments(
+                self.host.name, count, block_ms
+            )
         return []
 
     async def _take(self, batch: list[tuple[str, RawFields]]) -> None:

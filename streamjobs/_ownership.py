@@ -157,7 +157,7 @@ class OwnedStream:
                     continue
                 sent = time.monotonic()
                 try:
-                    reply = await host.gateway.fenced_read(
+                    reply = await host.gateway.streams.fenced_read(
                         stream,
                         self.s.token,
                         host.name,
@@ -274,7 +274,9 @@ class OwnedStream:
             if self.s.stopping() or self.s.finish_requested:
                 return
             try:
-                await host.gateway.wait_for_entries(self.s.stream, top, host.config.read_block_ms)
+                await host.gateway.streams.wait_for_entries(
+                    self.s.stream, top, host.config.read_block_ms
+                )
             except Exception as exc:
                 await self._wait_failed(exc)
         self.s.wait_scope = None
@@ -313,7 +315,7 @@ class OwnedStream:
         slow entries is not handled to its end first)."""
         host = self.s.host
         try:
-            holder, cancelled = await host.gateway.lock_and_cancel(self.s.stream)
+            holder, cancelled = await host.gateway.liveness.lock_and_cancel(self.s.stream)
         except Exception as exc:
             # Redis cannot say: the local lease still bounds the risk. Ask again later.
             host.metrics.loop_error(host.service, "stream")

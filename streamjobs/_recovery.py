@@ -111,11 +111,11 @@ class Recoverer:
             RedisUnavailable: Redis could not be reached (nothing was changed, or the
                 script ran atomically: either way retrying is safe).
         """
-        fields = await self._gw.fetch_assignment(assignment_id)
+        fields = await self._gw.assignments.fetch_assignment(assignment_id)
         if fields is None:
             # Deleted: finished, or re-queued by someone else. Clear a stale PEL entry
             # and any lease left under this id.
-            await self._gw.requeue(assignment_id, None)
+            await self._gw.assignments.requeue(assignment_id, None)
             return self._count(RequeueOutcome.LOST_RACE)
         try:
             parsed: Assignment | InvalidAssignment = parse_assignment(
@@ -126,7 +126,7 @@ class Recoverer:
         lock_exists = False
         dead_lock: str | None = None  # a lock naming a dead session: removed after
         if isinstance(parsed, Assignment):
-            lock_exists, dead_lock = await self._gw.lock_state(parsed.stream)
+            lock_exists, dead_lock = await self._gw.liveness.lock_state(parsed.stream)
         decision = decide(
             parsed,
             lock_exists=lock_exists,
@@ -139,9 +139,9 @@ class Recoverer:
             if not owner:
                 # For the log line: the consumer it is pending with is the one that is
                 # gone (the sweep and the scan know only the assignment id).
-                owner = await self._gw.pending_owner(assignment_id)
+                owner = await self._gw.assignments.pending_owner(assignment_id)
             try:
-                new_id = await self._gw.requeue(
+                new_id = await self._gw.assignments.requeue(
                     assignment_id,
                     decision.retry_count,
                     lost_at="lease" if lost_at_ms is None else lost_at_ms,
@@ -173,7 +173,7 @@ class Recoverer:
                 return self._count(RequeueOutcome.REQUEUED)
         assert decision.reason is not None
         if not owner:
-            owner = await self._gw.pending_owner(assignment_id)
+            owner = await self._gw.assignments.pending_owner(assignment_id)
         moved = await self.dead_letter(
             assignment_id,
             decision.reason,
@@ -198,7 +198,7 @@ class Recoverer:
         if token is None:
             return
         try:
-            await self._gw.release(stream, token, -1)
+            await self._gw.completion.release(stream, token, -1)
         except Exception as exc:
             log.warning(
                 "could not remove the dead session's lock of stream %r (%s): it expires "
@@ -238,7 +238,7 @@ class Recoverer:
             owner=owner,
             error=error,
         )
-        moved = await self._gw.dead_letter_assignment(assignment_id, meta)
+        moved = await self._gw.assignments.dead_letter_assignment(assignment_id, meta)
         if moved is None:
             return False
         extra = self._extra(assignment_id)

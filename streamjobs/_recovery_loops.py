@@ -125,9 +125,9 @@ class RecoveryLoops:
     async def sweep_once(self, horizon_ms: int = 0) -> int:
         """Recover assignments whose lease is due; returns how many were looked at."""
         recheck_ms = max(100, self._consumer.lock_ttl_ms // 2)
-        due = await self._gw.sweep_leases(horizon_ms, _SWEEP_LIMIT, recheck_ms)
+        due = await self._gw.liveness.sweep_leases(horizon_ms, _SWEEP_LIMIT, recheck_ms)
         await self._recover_all([(a, "", deadline_ms) for a, deadline_ms in due])
-        sessions = await self._gw.sweep_sessions(_SWEEP_LIMIT, recheck_ms)
+        sessions = await self._gw.liveness.sweep_sessions(_SWEEP_LIMIT, recheck_ms)
         for member, deadline_ms in sessions:
             await self._recover_session(member, deadline_ms)
         return max(len(due), len(sessions))
@@ -147,11 +147,11 @@ class RecoveryLoops:
             return  # not written by streamjobs: left alone
         incarnation, consumer = parsed
         try:
-            if await self._gw.session_alive(consumer, incarnation):
+            if await self._gw.liveness.session_alive(consumer, incarnation):
                 return
             start, fresh, failed = "-", False, False
             while True:
-                page = await self._gw.pending_page(0, start, _SWEEP_LIMIT, consumer)
+                page = await self._gw.assignments.pending_page(0, start, _SWEEP_LIMIT, consumer)
                 fresh = fresh or any(p.idle_ms < _SESSION_MIN_IDLE_MS for p in page)
                 # The fresh ones are looked at again after the re-check delay.
                 failed |= not await self._recover_all(
@@ -169,7 +169,7 @@ class RecoveryLoops:
             # would leave that assignment to the scan, which skips it while its lease
             # (the long session-mode lock TTL) lies ahead: minutes, not seconds.
             if not fresh and not failed:
-                await self._gw.session("forget", consumer, incarnation, 0, incarnation)
+                await self._gw.liveness.session("forget", consumer, incarnation, 0, incarnation)
         except Exception as exc:
             self._metrics.loop_error(self._service, "recover")
             log_failure(log, f"recovering the session of consumer {consumer!r}", exc, 0.0)
@@ -242,7 +242,7 @@ class RecoveryLoops:
         (plus a few ms of jitter, so a fleet does not sweep in step), at most
         ``interval``. A dead owner is then recovered as its deadline passes, not up to
         one interval later, whether or not Redis has expired its lock yet."""
-        due_ms = await self._gw.next_due_ms()
+        due_ms = await self._gw.liveness.next_due_ms()
         if due_ms is None:
             return interval
         return min(interval, due_ms / 1000 + self._rng.uniform(*_DUE_SLACK_S))
@@ -257,14 +257,16 @@ class RecoveryLoops:
         """
         cfg = self._cfg
         start = self._cursor if cursor is None else cursor
-        page = await self._gw.pending_page(round(cfg.min_idle_s * 1000), start, cfg.batch_size)
+        page = await self._gw.assignments.pending_page(
+            round(cfg.min_idle_s * 1000), start, cfg.batch_size
+        )
         self.inspected += len(page)
         after = "-" if len(page) < cfg.batch_size else f"({page[-1].id}"
         self._cursor = after
         if not page:
             return 0, after
-        scores = await self._gw.lease_scores([p.id for p in page])
-        now_ms = await self._gw.server_time_ms()
+        scores = await self._gw.assignments.lease_scores([p.id for p in page])
+        now_ms = await self._gw.assignments.server_time_ms()
         tried = 0
         # A lease more than a couple of lock TTLs ahead is a session-mode one (it runs
         # to the long lock TTL): it says nothing about the owner, whose session may be
@@ -289,16 +291,16 @@ class RecoveryLoops:
         another consumer holds this interval's lease.
         """
         cfg = self._cfg
-        if not await self._gw.take_scan_lease(self._name, round(cfg.interval_s * 1000)):
+        if not await self._gw.liveness.take_scan_lease(self._name, round(cfg.interval_s * 1000)):
             return None
         began = time.monotonic()
         deadline = began + cfg.scan_budget_s
         self.inspected = 0
-        cursor = await self._gw.scan_cursor()
+        cursor = await self._gw.liveness.scan_cursor()
         pages = 0
         while True:
             _, cursor = await self.scan_once(cursor)
-            await self._gw.save_scan_cursor(cursor)
+            await self._gw.liveness.save_scan_cursor(cursor)
             pages += 1
             if cursor == "-" or time.monotonic() >= deadline:
                 self._metrics.scan_pass(self._service, time.monotonic() - began, self.inspected)
@@ -323,7 +325,9 @@ class RecoveryLoops:
         start adds one). Only names with nothing pending and idle ``min_idle_s`` go, in
         one script, so a live consumer loses nothing: its next read re-creates it."""
         try:
-            gone = await self._gw.prune_consumers(round(self._cfg.min_idle_s * 1000), self._name)
+            gone = await self._gw.liveness.prune_consumers(
+                round(self._cfg.min_idle_s * 1000), self._name
+            )
         except Exception as exc:
             self._metrics.loop_error(self._service, "prune")
             log_failure(log, "pruning consumer names", exc, 0.0)

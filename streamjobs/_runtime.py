@@ -108,7 +108,7 @@ class Runtime:
             service=self.service,
             consumer=name,
             group=gateway.keys.group,
-            dead_letters=gateway,
+            dead_letters=gateway.assignments,
         )
         self.recoverer = Recoverer(
             gateway,
@@ -172,7 +172,7 @@ class Runtime:
         return await self._leases(assignment_id)
 
     async def _take_leases(self, ids: Sequence[str]) -> list[bool]:
-        return await self.gateway.take_leases(ids, self.name, self.lock_ttl_ms)
+        return await self.gateway.streams.take_leases(ids, self.name, self.lock_ttl_ms)
 
     def lock_token(self) -> str:
         return self.heartbeat.lock_token()
@@ -352,8 +352,8 @@ class Runtime:
         """What must work before any loop runs: the group, the scripts, the memory
         policy. A missing permission is reported as such, naming what was refused."""
         try:
-            await self.gateway.ensure_group()
-            await self.gateway.load_scripts()
+            await self.gateway.assignments.ensure_group()
+            await self.gateway.assignments.load_scripts()
             await self._check_eviction_policy()
             try:
                 await self.loops.probe()
@@ -401,7 +401,7 @@ class Runtime:
             if last_ok is None or self._pulse_at - last_ok >= PULSE_S:
                 try:
                     with anyio.fail_after(READY_WITHIN_S):
-                        await self.gateway.ping()
+                        await self.gateway.assignments.ping()
                     guard.ok()
                 except TimeoutError:
                     guard.record(RedisUnavailable("PING got no reply"), "ping")
@@ -414,7 +414,7 @@ class Runtime:
         guard = LoopGuard("sample", self.service, self.metrics, log)
         while True:
             try:
-                sample = await self.gateway.sample()
+                sample = await self.gateway.assignments.sample()
                 self.metrics.service_sampled(self.service, sample)
             except Exception as exc:  # Redis, or the user's recorder
                 await guard.failed(exc, "sampling the queue")

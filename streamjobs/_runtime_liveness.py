@@ -89,7 +89,7 @@ class Heartbeat:
             await self.renew_session()
             return
         try:
-            await self.host.gateway.touch_session(
+            await self.host.gateway.liveness.touch_session(
                 self.host.name, self._value, self.host.config.lock_ttl_ms
             )
         except Exception as exc:
@@ -100,7 +100,7 @@ class Heartbeat:
         """A consumer name that starts again (a fixed ``consumer_name``) is no longer
         one that stopped. Best effort: the record is for ``status`` only."""
         try:
-            await self.host.gateway.record_stop(self.host.name, False)
+            await self.host.gateway.liveness.record_stop(self.host.name, False)
         except Exception as exc:
             log_failure(log, "clearing the consumer's stop record", exc, 0.0)
 
@@ -109,7 +109,7 @@ class Heartbeat:
             try:
                 if self.session_mode:
                     if self.confirmed_at is not None:
-                        await self.host.gateway.session(
+                        await self.host.gateway.liveness.session(
                             "end",
                             self.host.name,
                             self._value,
@@ -118,8 +118,8 @@ class Heartbeat:
                         )
                     self.confirmed_at = None
                 else:
-                    await self.host.gateway.end_session(self.host.name)
-                await self.host.gateway.record_stop(self.host.name, True)
+                    await self.host.gateway.liveness.end_session(self.host.name)
+                await self.host.gateway.liveness.record_stop(self.host.name, True)
             except Exception as exc:
                 log_failure(log, "ending the consumer session", exc, 0.0)
 
@@ -140,7 +140,7 @@ class Heartbeat:
         mode: Any = "create" if self.confirmed_at is None else "renew"
         sent = time.monotonic()
         try:
-            ok = await self.host.gateway.session(
+            ok = await self.host.gateway.liveness.session(
                 mode, self.host.name, self._value, cfg.lock_ttl_ms, self.incarnation
             )
         except Exception as exc:
@@ -209,7 +209,9 @@ class Heartbeat:
         ]
         if not due:
             return
-        results = await self.host.gateway.extend_many([(o.stream, o.token) for o in due], ttl_ms)
+        results = await self.host.gateway.streams.extend_many(
+            [(o.stream, o.token) for o in due], ttl_ms
+        )
         renewed = []
         for o, extended in zip(due, results, strict=True):
             if extended:
@@ -217,7 +219,7 @@ class Heartbeat:
                 renewed.append(o.assignment.id)
             elif extended is False and not o.ending and self.host.owned.get(o.stream) is o:
                 o.mark_lost()
-        await self.host.gateway.record_leases(renewed, ttl_ms, new=False)
+        await self.host.gateway.streams.record_leases(renewed, ttl_ms, new=False)
 
     async def heartbeat_loop(self) -> None:
         if self.session_mode:
@@ -235,7 +237,7 @@ class Heartbeat:
                 continue
             sent = time.monotonic()
             try:
-                results = await self.host.gateway.extend_many(
+                results = await self.host.gateway.streams.extend_many(
                     [(o.stream, o.token) for o in live], cfg.lock_ttl_ms
                 )
             except Exception as exc:
@@ -262,7 +264,7 @@ class Heartbeat:
                     # not a loss.
                     o.mark_lost()
             try:
-                await self.host.gateway.record_leases(renewed, cfg.lock_ttl_ms, new=False)
+                await self.host.gateway.streams.record_leases(renewed, cfg.lock_ttl_ms, new=False)
             except Exception as exc:
                 self.host.metrics.loop_error(self.host.service, "heartbeat")
                 log_failure(log, "recording leases", exc, 0.0)

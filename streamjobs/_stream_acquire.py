@@ -49,7 +49,7 @@ class Acquisition:
                     # queued behind an acquire that fails still delivers entries (to
                     # be claimed by the owner), so a contended retry goes alone.
                     first_try = False
-                    taken, self.s.first_read = await host.gateway.acquire_and_read(
+                    taken, self.s.first_read = await host.gateway.streams.acquire_and_read(
                         self.s.stream,
                         self.s.token,
                         host.lock_ttl_ms,
@@ -58,7 +58,7 @@ class Acquisition:
                         self.s.first_count(),
                     )
                 else:
-                    taken = await host.gateway.acquire(
+                    taken = await host.gateway.streams.acquire(
                         self.s.stream,
                         self.s.token,
                         host.lock_ttl_ms,
@@ -98,7 +98,7 @@ class Acquisition:
 
     async def _dead_holder(self) -> str:
         """The token holding the lock if it names a dead session, else ''."""
-        _, dead = await self.s.host.gateway.lock_state(self.s.stream)
+        _, dead = await self.s.host.gateway.liveness.lock_state(self.s.stream)
         parsed = None if dead is None else parse_session_token(dead)
         if dead is None or parsed is None:
             return ""
@@ -117,7 +117,7 @@ class Acquisition:
             return
         host = self.s.host
         try:
-            now_ms = await host.gateway.server_time_ms()
+            now_ms = await host.gateway.assignments.server_time_ms()
         except Exception:
             return  # only a metric is lost
         seconds = max(0, now_ms - lost_at_ms) / 1000

@@ -90,7 +90,7 @@ class StreamEnd:
         if top == "0-0" or id_order(top)[0] <= id_order(self.s.assignment.first_id)[0]:
             return False
         try:
-            return await self.s.host.gateway.is_end_marker(self.s.stream, top)
+            return await self.s.host.gateway.liveness.is_end_marker(self.s.stream, top)
         except Exception as exc:
             log_failure(self.s.log, f"stream {self.s.stream!r}: reading its newest entry", exc, 0.0)
             return False
@@ -165,7 +165,7 @@ class StreamEnd:
                 if host.lock_ttl_ms > host.config.lock_ttl_ms and not self.s.lock_cut:
                     # As the seal does: the assignment goes first, so a death before the
                     # release must not leave a lock with the session's long TTL.
-                    await host.gateway.extend_many(
+                    await host.gateway.streams.extend_many(
                         [(self.s.stream, self.s.token)], host.config.lock_ttl_ms
                     )
                     self.s.lock_cut = True
@@ -176,7 +176,9 @@ class StreamEnd:
                     owner=host.name,
                     error=error,
                 )
-                await host.gateway.release(self.s.stream, self.s.token, keep_ms, self.s.to_ack)
+                await host.gateway.completion.release(
+                    self.s.stream, self.s.token, keep_ms, self.s.to_ack
+                )
                 self.s.to_ack = []
                 break
             except Exception as failure:
@@ -220,7 +222,7 @@ class StreamEnd:
                     error=why,
                 )
             else:
-                await host.gateway.requeue(self.s.assignment.id, nxt)
+                await host.gateway.assignments.requeue(self.s.assignment.id, nxt)
         except Exception as exc:
             log_failure(
                 self.s.log, f"stream {self.s.stream!r}: giving back a contended assignment", exc, 0
@@ -256,7 +258,7 @@ class StreamEnd:
         if not self.s.sealed and host.cluster_mode is ClusterMode.NONE:
             return await self._complete_at_once(retention_ms)
         if not self.s.sealed:
-            if not await host.gateway.seal(
+            if not await host.gateway.completion.seal(
                 self.s.stream,
                 self.s.token,
                 retention_ms,
@@ -271,10 +273,10 @@ class StreamEnd:
             self.s.sealed = True
             self.s.lock_cut = True
             self.s.to_ack, self.s.eos_ids = [], []
-        if await host.gateway.finish(self.s.assignment.id):
+        if await host.gateway.assignments.finish(self.s.assignment.id):
             self.s.completed = True
         # The retention was set by the seal; only "delete at once" is left to do.
-        released = await host.gateway.release(
+        released = await host.gateway.completion.release(
             self.s.stream, self.s.token, 0 if retention_ms == 0 else -1, ended=True
         )
         return self.s.completed or released
@@ -292,7 +294,7 @@ class StreamEnd:
         """
         host = self.s.host
         try:
-            sealed, finished = await host.gateway.complete(
+            sealed, finished = await host.gateway.completion.complete(
                 self.s.stream,
                 self.s.token,
                 retention_ms,
@@ -306,7 +308,7 @@ class StreamEnd:
             raise
         if not sealed:
             if self.s.reply_lost:
-                holder, ended_job = await host.gateway.lock_and_ended(self.s.stream)
+                holder, ended_job = await host.gateway.liveness.lock_and_ended(self.s.stream)
                 if holder is None and ended_job == self.s.assignment.first_id:
                     self.s.completed = True
             return self.s.completed
@@ -375,15 +377,15 @@ class StreamEnd:
         gw = host.gateway
         try:
             if self.s.acquired:
-                read = await gw.fenced_read(
+                read = await gw.streams.fenced_read(
                     self.s.stream, self.s.token, host.name, 0, self.s.to_ack
                 )
                 self.s.to_ack = []
                 if not read.owned:
                     self.s.mark_lost()
                     return
-            await gw.requeue(self.s.assignment.id, None)
-            await gw.release(self.s.stream, self.s.token, -1)
+            await gw.assignments.requeue(self.s.assignment.id, None)
+            await gw.completion.release(self.s.stream, self.s.token, -1)
         except Exception as exc:
             log_failure(
                 self.s.log,

@@ -236,7 +236,7 @@ class _Shard:
                 if reading is None or reading >= self._generation or client_id is None:
                     break  # no read in flight, or it already includes everybody
                 try:
-                    if await self._gw.unblock(client_id):
+                    if await self._gw.liveness.unblock(client_id):
                         break
                 except Exception as exc:
                     log.debug("CLIENT UNBLOCK failed (%s): the read ends by itself", exc)

@@ -58,7 +58,7 @@ from ._dlq_replay import (
 from ._dlq_replay import _Queued as _Queued  # tests import it from here
 from ._dlq_types import DeadLetterFilter, Progress, Replayed, ReplayReport, _check_id
 from ._keys import DEFAULT_PREFIX, Keys
-from ._operator import OperatorGateway
+from ._redis._gateway import Gateway
 from ._redis._scripts import MAX_COPY_VALUES
 from ._wire import (
     EOS_FIELD,
@@ -111,7 +111,7 @@ class DeadLetters:
         if dlq_stream is not None:
             keys.check_dlq_name(dlq_stream)
         self._keys = keys
-        self._gw = OperatorGateway(redis, keys, dlq=dlq_stream)
+        self._gw = Gateway(redis, keys, dlq=dlq_stream)
 
     @property
     def stream(self) -> str:
@@ -119,7 +119,7 @@ class DeadLetters:
         return self._gw.dlq
 
     async def length(self) -> int:
-        return await self._gw.dlq_length()
+        return await self._gw.operator.dlq_length()
 
     async def list(
         self,
@@ -142,12 +142,12 @@ class DeadLetters:
     async def get(self, dead_letter_id: str) -> DeadLetterRecord | None:
         """One dead letter by id; None if there is none."""
         _check_id(dead_letter_id)
-        page = await self._gw.dlq_page(dead_letter_id, dead_letter_id, 1)
+        page = await self._gw.operator.dlq_page(dead_letter_id, dead_letter_id, 1)
         return parse_dead_letter(*page[0]) if page else None
 
     async def select(self, selection: DeadLetterFilter) -> builtins.list[DeadLetterRecord]:
         """Dead letters matching ``selection``, oldest first (what :meth:`list` does)."""
-        now_ms = await self._gw.server_time_ms()
+        now_ms = await self._gw.assignments.server_time_ms()
         start, end = "-", "+"
         if selection.newer_than_s is not None:
             start = str(max(0, now_ms - math.ceil(selection.newer_than_s * 1000)))
@@ -156,7 +156,7 @@ class DeadLetters:
         out: builtins.list[DeadLetterRecord] = []
         limit: float = selection.limit or math.inf
         while len(out) < limit:
-            page = await self._gw.dlq_page(start, end, PAGE)
+            page = await self._gw.operator.dlq_page(start, end, PAGE)
             for entry_id, fields in page:
                 record = parse_dead_letter(entry_id, fields)
                 if selection.matches(record):
@@ -258,12 +258,12 @@ class DeadLetters:
             raise _CannotReplay(f"{len(fields)} fields: too many for one script call")
         if dry_run:
             return Replayed(record.id, "", keys.assignments)
-        new_id = await gw.replay_assignment(record.id, stream, list(fields.items()))
+        new_id = await gw.operator.replay_assignment(record.id, stream, list(fields.items()))
         if new_id is None:
             return None
         if stream:
             job = fields.get(FIRST_ID_FIELD) or new_id
-            await gw.start_job(stream, job if isinstance(job, str) else new_id, created=True)
+            await gw.writes.start_job(stream, job if isinstance(job, str) else new_id, created=True)
         return Replayed(record.id, new_id, keys.assignments)
 
     async def _replay_group_entry(self, record: DeadLetterRecord, dry_run: bool) -> Replayed:
@@ -272,10 +272,10 @@ class DeadLetters:
         stream = record.source_stream
         if dry_run:
             return Replayed(record.id, "", stream)
-        new_id = await self._gw.replay_group_entry(
+        new_id = await self._gw.operator.replay_group_entry(
             stream, record.id, _replay_fields(record), REPLAY_MARKER_TTL_MS
         )
-        await self._gw.delete_dead_letters([record.id])
+        await self._gw.operator.delete_dead_letters([record.id])
         return Replayed(record.id, new_id, stream)
 
     async def _replay_entries(
@@ -285,7 +285,9 @@ class DeadLetters:
         batch's dead letters are removed once it is in place. A batch that cannot be
         placed now (see :meth:`_place`) and the ones after it are skipped."""
         if dry_run:
-            unfinished = await self._job_queued(stream) or await self._gw.lock_exists(stream)
+            unfinished = await self._job_queued(stream) or await self._gw.liveness.lock_exists(
+                stream
+            )
             return {r.id: Replayed(r.id, "", stream, reassigned=not unfinished) for r in records}
         out: dict[str, Replayed | str] = {}
         reassigned = False
@@ -295,7 +297,7 @@ class DeadLetters:
             except _Busy as exc:
                 out.update({r.id: str(exc) for r in records if r.id not in out})
                 break
-            await self._gw.delete_dead_letters([r.id for r in batch])
+            await self._gw.operator.delete_dead_letters([r.id for r in batch])
             reassigned = reassigned or created
             for record, new_id in zip(batch, ids, strict=True):
                 out[record.id] = Replayed(record.id, new_id, stream, reassigned=reassigned)
@@ -328,7 +330,7 @@ class DeadLetters:
         created = False
         while True:
             queued = await self._queued_job(stream)
-            if queued is None and not await gw.lock_exists(stream):
+            if queued is None and not await gw.liveness.lock_exists(stream):
                 # Finished, and its last owner is gone: a run of their job.
                 queued, new = await self._queue_run(stream, batch, job)
                 created = created or new
@@ -339,7 +341,7 @@ class DeadLetters:
                         f"a later job of its stream {stream!r} is queued or running (job "
                         f"{queued.job}): replay it once that job has ended"
                     )
-                put = await gw.replay_entries(
+                put = await gw.operator.replay_entries(
                     stream, letters, run=queued.run, marker_ttl_ms=REPLAY_MARKER_TTL_MS
                 )
                 if put.state == "delivered" or (put.state == "placed" and queued.run):
@@ -375,24 +377,24 @@ class DeadLetters:
         What the ended job left unread is skipped first, as ``add_stream`` does."""
         gw = self._gw
         info = next((r.info for r in batch if r.info), {})
-        await gw.start_job(stream, "", created=False)
+        await gw.writes.start_job(stream, "", created=False)
         fields = {**build_fields(stream, info), JOB_FIELD: job}
-        run_id, created = await gw.add_assignment(stream, fields)
+        run_id, created = await gw.writes.add_assignment(stream, fields)
         if not created:
             return await self._queued_job(stream), False
         # (Its end is recorded under the run's own id, as for any job; its entries'
         # dead letters record ``job``.)
-        await gw.start_job(stream, run_id, created=True)
+        await gw.writes.start_job(stream, run_id, created=True)
         return _Queued(job, run=True), True
 
     async def _drop_run(self, stream: str, job: str) -> None:
         """Undo :meth:`_queue_run` for a batch given up: remove the run if it is still
         queued, else (an owner took it) end it with an end marker, so that it does not
         wait for entries that will not come."""
-        state, _, _ = await self._gw.cancel_queued(stream)
+        state, _, _ = await self._gw.writes.cancel_queued(stream)
         if state == "delivered" and await self._queued_job(stream) == _Queued(job, run=True):
             # Its own end marker: a run ends at no other (docs/design.md#job-identity).
-            await self._gw.append(stream, {EOS_FIELD: EOS_VALUE, REPLAY_END_FIELD: "1"})
+            await self._gw.writes.append(stream, {EOS_FIELD: EOS_VALUE, REPLAY_END_FIELD: "1"})
 
     async def _job_queued(self, stream: str) -> bool:
         """Whether the active-assignment index names an assignment of ``stream`` that
@@ -402,10 +404,10 @@ class DeadLetters:
     async def _queued_job(self, stream: str) -> _Queued | None:
         """The job (docs/design.md#job-identity) of the assignment of ``stream`` the
         active-assignment index names, if it still exists."""
-        active = await self._gw.active_id(stream)
+        active = await self._gw.operator.active_id(stream)
         if active is None or not _ID.fullmatch(active):
             return None
-        fields = (await self._gw.assignment_fields([active]))[0]
+        fields = (await self._gw.operator.assignment_fields([active]))[0]
         if fields is None:
             return None
         run = fields.get(JOB_FIELD)
@@ -431,7 +433,7 @@ class DeadLetters:
         deleted: builtins.list[str] = []
         for start in range(0, len(ids), PAGE):
             chunk = ids[start : start + PAGE]
-            await self._gw.delete_dead_letters(chunk)
+            await self._gw.operator.delete_dead_letters(chunk)
             deleted += chunk
             if progress is not None:
                 progress(len(deleted), len(ids))

@@ -17,7 +17,8 @@ from typing import Any
 
 from ._deadletter import REASON_FIELD, SOURCE_STREAM_FIELD
 from ._keys import DEFAULT_PREFIX, Keys
-from ._operator import OperatorGateway, owner_of
+from ._redis._gateway import Gateway
+from ._redis._operator import owner_of
 from ._wire import parse_assignment, parse_retry_count, stream_name_of
 from .exceptions import InvalidAssignment, StreamJobsError
 
@@ -222,7 +223,7 @@ class Inspector:
         if dlq_stream is not None:
             keys.check_dlq_name(dlq_stream)
         self._keys = keys
-        self._gw = OperatorGateway(redis, keys, dlq=dlq_stream)
+        self._gw = Gateway(redis, keys, dlq=dlq_stream)
 
     async def check_service(self, *, queued_only: bool = False) -> None:
         """Raises:
@@ -231,9 +232,12 @@ class Inspector:
             stream exists, so a service whose work was queued before any consumer
             ran still counts).
         """
-        if queued_only and await self._gw.any_exists(self._keys.assignments, self._gw.dlq):
+        if queued_only and await self._gw.operator.any_exists(self._keys.assignments, self._gw.dlq):
             return
-        if not await self._gw.group_exists() and not await self._gw.group_streams():
+        if (
+            not await self._gw.operator.group_exists()
+            and not await self._gw.operator.group_streams()
+        ):
             raise UnknownService(
                 f"no service {self._keys.service!r} here: {self._keys.assignments} has no "
                 f"consumer group {self._keys.group!r} (no consumer of it has run against "
@@ -250,12 +254,12 @@ class Inspector:
         """
         await self.check_service()
         gw = self._gw
-        now_ms = await gw.server_time_ms()
+        now_ms = await gw.assignments.server_time_ms()
         groups = await self._groups(now_ms)
-        if not await gw.group_exists():  # only shared groups
+        if not await gw.operator.group_exists():  # only shared groups
             return Overview(
                 service=self._keys.service,
-                queued=await gw.queue_length(),
+                queued=await gw.operator.queue_length(),
                 oldest_pending_age_s=0.0,
                 consumers=[],
                 streams=[],
@@ -263,11 +267,11 @@ class Inspector:
                 dlq=await self._dlq_summary(),
                 groups=groups,
             )
-        consumers = await gw.consumers()
-        pending = await gw.pending_all(MAX_PENDING)
-        fields = await gw.assignment_fields([p.id for p in pending])
+        consumers = await gw.operator.consumers()
+        pending = await gw.operator.pending_all(MAX_PENDING)
+        fields = await gw.operator.assignment_fields([p.id for p in pending])
         names = [stream_name_of(f) if f else "" for f in fields]
-        rows = await gw.stream_rows([n for n in names if n])
+        rows = await gw.operator.stream_rows([n for n in names if n])
         by_name = dict(zip([n for n in names if n], rows, strict=True))
         streams: list[OwnedStreamStatus] = []
         orphans: list[PendingAssignment] = []
@@ -295,8 +299,8 @@ class Inspector:
                     PendingAssignment(p.id, name, p.consumer, p.idle_ms / 1000, p.deliveries, retry)
                 )
         names = [c.name for c in consumers]
-        alive = await gw.sessions(names)
-        stopped = await gw.stopped(names)
+        alive = await gw.operator.sessions(names)
+        stopped = await gw.operator.stopped(names)
         consumer_rows = [
             ConsumerStatus(
                 name=c.name,
@@ -314,7 +318,7 @@ class Inspector:
             oldest = max(0.0, (now_ms - first_ms) / 1000)
         return Overview(
             service=self._keys.service,
-            queued=max(0, await gw.queue_length() - len(pending)),
+            queued=max(0, await gw.operator.queue_length() - len(pending)),
             oldest_pending_age_s=oldest,
             consumers=consumer_rows,
             streams=streams,
@@ -330,13 +334,13 @@ class Inspector:
         Raises:
             RedisUnavailable: Redis could not be reached.
         """
-        return await self._groups(await self._gw.server_time_ms())
+        return await self._groups(await self._gw.assignments.server_time_ms())
 
     async def _groups(self, now_ms: int) -> list[GroupStatus]:
         gw = self._gw
-        streams = await gw.group_streams()
+        streams = await gw.operator.group_streams()
         out = []
-        for stream, row in zip(streams, await gw.group_rows(streams), strict=True):
+        for stream, row in zip(streams, await gw.operator.group_rows(streams), strict=True):
             in_group = {name: (pending, idle) for name, pending, idle in row.consumers}
             members = []
             for name in sorted(set(row.members) | set(in_group)):
@@ -369,12 +373,14 @@ class Inspector:
 
     async def _dlq_summary(self) -> DeadLetterSummary:
         gw = self._gw
-        length = await gw.dlq_length()
+        length = await gw.operator.dlq_length()
         reasons: Counter[str] = Counter()
         counted = 0
         start = "+"
         while counted < min(length, DLQ_SAMPLE):
-            page = await gw.dlq_page(start, "-", min(500, DLQ_SAMPLE - counted), reverse=True)
+            page = await gw.operator.dlq_page(
+                start, "-", min(500, DLQ_SAMPLE - counted), reverse=True
+            )
             if not page:
                 break
             for _, f in page:
@@ -394,7 +400,7 @@ class Inspector:
         """
         self._keys.check_data_stream(name)
         gw = self._gw
-        row = (await gw.stream_rows([name]))[0]
+        row = (await gw.operator.stream_rows([name]))[0]
         if row.holder is not None:
             owner = owner_of(row.holder)
             delivered = await self._delivery(owner, name)
@@ -408,9 +414,9 @@ class Inspector:
                 pending=row.pending,
                 lag=row.lag,
             )
-        active = await gw.active_id(name)
+        active = await gw.operator.active_id(name)
         if active is not None:
-            pending = await gw.pending_owner(active)
+            pending = await gw.assignments.pending_owner(active)
             detail = (
                 f"delivered to {pending!r}, which holds no lock: awaiting recovery"
                 if pending
@@ -444,15 +450,15 @@ class Inspector:
     async def _delivery(self, owner: str, stream: str) -> tuple[str, float] | None:
         """The pending assignment of ``stream`` delivered to ``owner``, and when: from
         the index if ``add_stream`` queued it, else by reading the pending list."""
-        active = await self._gw.active_id(stream)
+        active = await self._gw.operator.active_id(stream)
         if active is not None:
-            row = await self._gw.pending_one(active)
+            row = await self._gw.operator.pending_one(active)
             if row is not None:
                 return row.id, time.time() - row.idle_ms / 1000
-        for p in await self._gw.pending_all(MAX_PENDING):
+        for p in await self._gw.operator.pending_all(MAX_PENDING):
             if p.consumer != owner:
                 continue
-            f = (await self._gw.assignment_fields([p.id]))[0]
+            f = (await self._gw.operator.assignment_fields([p.id]))[0]
             if f is not None and stream_name_of(f) == stream:
                 return p.id, time.time() - p.idle_ms / 1000
         return None
@@ -463,7 +469,7 @@ class Inspector:
         start = "+"
         seen = 0
         while seen < DLQ_SAMPLE:
-            page = await self._gw.dlq_page(start, "-", 500, reverse=True)
+            page = await self._gw.operator.dlq_page(start, "-", 500, reverse=True)
             if not page:
                 break
             for entry_id, f in page:

@@ -126,8 +126,8 @@ class Producer:
         # belongs to it: skipped now, so a new job reads only what comes after
         # (docs/design.md#job-identity). Before add.lua, so that no owner of the new
         # job can read it first.
-        await self._gw.start_job(name, "", created=False)
-        assignment_id, created = await self._gw.add_assignment(
+        await self._gw.writes.start_job(name, "", created=False)
+        assignment_id, created = await self._gw.writes.add_assignment(
             name, fields, idempotency_key=idempotency_key, window_ms=window_ms
         )
         if created:
@@ -135,7 +135,7 @@ class Producer:
             # TTL, which would expire this job's entries (the new owner clears it too):
             # cleared only when queued now, since a deduplicated call may name the
             # finished job.
-            await self._gw.start_job(name, assignment_id, created=True)
+            await self._gw.writes.start_job(name, assignment_id, created=True)
         return assignment_id
 
     async def append(self, name: str, fields: Mapping[str, str | bytes | int | float]) -> str:
@@ -155,7 +155,7 @@ class Producer:
             raise ValueError("fields must not be empty")
         if EOS_FIELD in fields:
             raise ValueError(f"{EOS_FIELD!r} is reserved: use close_stream()")
-        return await self._gw.append(name, _tracing.inject(fields))
+        return await self._gw.writes.append(name, _tracing.inject(fields))
 
     async def cancel_stream(self, name: str, reason: str = "") -> CancelOutcome:
         """Stop the job of data stream ``name`` for good (docs/operations.md#cancelling-a-stream).
@@ -181,20 +181,20 @@ class Producer:
             InvalidStreamName: see :meth:`add_stream`.
         """
         self._keys.check_data_stream(name)
-        outcome, _, job = await self._gw.cancel_queued(name)
+        outcome, _, job = await self._gw.writes.cancel_queued(name)
         if outcome == "removed":
             # Its entries stay in the stream (the retention applies): the next job of
             # the same name must start after them, not handle them, nor what its
             # producer appends later.
-            await self._gw.skip_unread(name, job)
+            await self._gw.writes.skip_unread(name, job)
             return CancelOutcome.REMOVED
-        if outcome == "none" and not await self._gw.lock_exists(name):
+        if outcome == "none" and not await self._gw.liveness.lock_exists(name):
             return CancelOutcome.NOT_FOUND
         # Moot (nothing written) if that job is over already: a marker would outlive it.
-        await self._gw.signal_cancel(name, reason, CANCEL_MARKER_TTL_MS, job)
+        await self._gw.writes.signal_cancel(name, reason, CANCEL_MARKER_TTL_MS, job)
         return CancelOutcome.SIGNALLED
 
     async def close_stream(self, name: str) -> str:
         """Append the end-of-stream marker; the owner finishes after it. Returns its id."""
         self._keys.check_data_stream(name)
-        return await self._gw.append(name, {EOS_FIELD: EOS_VALUE})
+        return await self._gw.writes.append(name, {EOS_FIELD: EOS_VALUE})

@@ -16,6 +16,7 @@ from .._deadletter import (
     Pairs,
     flatten,
 )
+from .._keys import Keys
 from .._wire import (
     FIRST_ID_FIELD,
     LOST_AT_FIELD,
@@ -26,7 +27,7 @@ from ..metrics import ServiceSample
 from ._boundary import (
     DEAD_MARKER_TTL_MS,
     PLAIN_DEAD_LETTER_BYTES,
-    CommandsBase,
+    Core,
     LostAt,
     blocking,
     channelled,
@@ -43,11 +44,17 @@ from ._replies import (
     raw,
     text,
 )
-from ._scripts import NAMES, source
+from ._scripts import NAMES, Scripts, source
 
 
-class AssignmentCommands(CommandsBase):
+class AssignmentCommands:
     """The assignment stream: intake, pending pages, finishing, re-queueing, dead letters."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client: Any = core.client
+        self.keys: Keys = core.keys
+        self.scripts: Scripts = core.scripts
 
     # -- assignment stream ---------------------------------------------------------
 
@@ -77,7 +84,11 @@ class AssignmentCommands(CommandsBase):
         consumer gets its stranded work back only through recovery, which counts it
         (docs/design.md#recovery)."""
         reply = await self.client.xreadgroup(
-            self.keys.group, consumer, {self.keys.assignments: ">"}, count=count, block=block_ms
+            self.keys.group,
+            consumer,
+            {self.keys.assignments: ">"},
+            count=count,
+            block=block_ms,
         )
         out: list[tuple[str, RawFields]] = []
         if not reply:
@@ -153,7 +164,7 @@ class AssignmentCommands(CommandsBase):
         consumer names of the group: four reads, none of them proportional to the
         data (XPENDING's summary form, XLEN, XINFO GROUPS, TIME)."""
         summary = await self.client.xpending(self.keys.assignments, self.keys.group)
-        dlq_length = await self.client.xlen(self.dlq)
+        dlq_length = await self.client.xlen(self.core.dlq)
         groups = await self.client.xinfo_groups(self.keys.assignments)
         now_ms = await self.server_time_ms()
         pending = int(summary.get("pending", 0) or 0)
@@ -208,7 +219,7 @@ class AssignmentCommands(CommandsBase):
                 assignment_id,
                 RETRY_FIELD,
                 "" if retry_count is None else str(retry_count),
-                self.max_copy_values,
+                self.core.max_copy_values,
                 STREAM_FIELD,
                 FIRST_ID_FIELD,
                 LOST_AT_FIELD,
@@ -234,14 +245,19 @@ class AssignmentCommands(CommandsBase):
                 the entry is still pending.
         """
         r = await self.scripts.dead_letter(
-            keys=[self.keys.assignments, self.dlq, self.keys.leases, self.keys.active],
+            keys=[
+                self.keys.assignments,
+                self.core.dlq,
+                self.keys.leases,
+                self.keys.active,
+            ],
             args=[
                 self.keys.group,
                 assignment_id,
-                self.dlq_maxlen,
+                self.core.dlq_maxlen,
                 DEAD_AT_FIELD,
                 FIELDS_JSON_FIELD,
-                self.max_copy_values,
+                self.core.max_copy_values,
                 STREAM_FIELD,
                 *raw(flatten(meta)),
             ],
@@ -269,17 +285,17 @@ class AssignmentCommands(CommandsBase):
         )
         if (
             sum(len(k) + len(v) for k, v in original) > PLAIN_DEAD_LETTER_BYTES
-            and 2 * (len(fields) + 1) <= self.max_copy_values
+            and 2 * (len(fields) + 1) <= self.core.max_copy_values
             and all(k != FIELDS_JSON_FIELD for k, _ in original)
         ):
             return await self._dead_letter_plain(meta, original, marker)
         r = await self.scripts.dlq_add(
-            keys=[self.dlq, marker],
+            keys=[self.core.dlq, marker],
             args=[
-                self.dlq_maxlen,
+                self.core.dlq_maxlen,
                 DEAD_AT_FIELD,
                 FIELDS_JSON_FIELD,
-                self.max_copy_values,
+                self.core.max_copy_values,
                 2 * len(meta),
                 *raw(flatten(meta)),
                 *raw(flatten(original)),
@@ -300,11 +316,17 @@ class AssignmentCommands(CommandsBase):
         if done is not None:
             return text(done), 0
         now_ms = await self.server_time_ms()
-        trim: tuple[Any, ...] = ("MAXLEN", "~", self.dlq_maxlen) if self.dlq_maxlen > 0 else ()
+        trim: tuple[Any, ...] = (
+            ("MAXLEN", "~", self.core.dlq_maxlen) if self.core.dlq_maxlen > 0 else ()
+        )
         flat = raw(flatten([*original, *meta, (DEAD_AT_FIELD, str(now_ms))]))
-        replies = await self._transaction(
-            self.dlq,
-            [("XLEN", self.dlq), ("XADD", self.dlq, *trim, "*", *flat), ("XLEN", self.dlq)],
+        replies = await self.core.transaction(
+            self.core.dlq,
+            [
+                ("XLEN", self.core.dlq),
+                ("XADD", self.core.dlq, *trim, "*", *flat),
+                ("XLEN", self.core.dlq),
+            ],
             large=True,  # its write must not hold up the channel's other callers
         )
         for reply in replies:

@@ -8,7 +8,7 @@ import contextvars
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 import anyio
 from redis import exceptions as rex
@@ -155,13 +155,12 @@ async def _initialized(target: Any) -> None:
         await target.initialize()
 
 
-def _core_of(target: Any) -> CommandsBase | None:
-    """The gateway a decorated method runs on: the gateway itself, or the one a command
-    group it holds (``gateway.groups``) names as its ``core``."""
-    if isinstance(target, CommandsBase):
-        return target
-    core = getattr(target, "core", None)
-    return core if isinstance(core, CommandsBase) else None
+def _core_of(target: Any) -> Core | None:
+    """The gateway a decorated method runs on: the one its command group (a
+    ``gateway.<group>``) names as its ``core``; None for a module function, whose
+    first argument is a client."""
+    core: Core | None = getattr(target, "core", None)
+    return core
 
 
 def _translating(
@@ -218,7 +217,7 @@ channelled = _translating(in_script=True, limited="off-channel")
 """Decorator: like :func:`script`, for a coroutine whose commands go on the command
 channel when the gateway has one, so it takes no command slot then: the channel's
 connections do not grow with the commands in flight. What such a coroutine sends
-elsewhere (a large read) takes a slot itself (``CommandsBase._slot``)."""
+elsewhere (a large read) takes a slot itself (``Core.slot``)."""
 channelled_command = _translating(in_script=False, limited="off-channel")
 """Decorator: like :func:`channelled`, for a coroutine of plain commands."""
 blocking = _translating(in_script=False, limited=False)
@@ -247,9 +246,9 @@ def _exec_replies(replies: Any) -> list[Any]:
     return list(replies)
 
 
-class CommandsBase:
-    """What the command groups of :class:`~streamjobs._redis.Gateway` share: the state
-    its ``__init__`` sets, and the raw transaction on a connection of our own."""
+class Core(Protocol):
+    """What a command group of the gateway uses of it (:class:`~streamjobs._redis.
+    Gateway` is the core; each group holds it as ``core``)."""
 
     client: Any
     keys: Keys
@@ -258,101 +257,77 @@ class CommandsBase:
     dlq_maxlen: int
     max_copy_values: int
     scripts: Scripts
-    _is_cluster: bool
+    is_cluster: bool
     last_ok: float | None
     raw_fields: bool
     """Data entries keep their fields as bytes (a consumer in bytes mode)."""
 
     @property
-    def channel(self) -> Channel | None:
-        """The command channel (docs/design.md#the-command-channel), set by a running
-        consumer; ``None``: every command goes through the client itself."""
-        return self.scripts.channel
-
-    @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[None]:
-        """Hold one of the consumer's command slots (one the task holds already is
-        reused), for a command sent outside the channel from a channelled method."""
-        limiter = self.limiter
-        if limiter is None or _HOLDING.get():
-            yield
-            return
-        async with limiter:
-            token = _HOLDING.set(True)
-            try:
-                yield
-            finally:
-                _HOLDING.reset(token)
-
-    async def _command(self, key: str, *command: Any, large: bool = False) -> Any:
-        """One command on ``key``'s slot: on the channel unless its reply may be large
-        (then on a pool connection, in a command slot). The reply may be unparsed."""
-        channel = self.channel
-        if channel is not None and not large:
-            return await channel.call(key, *command)
-        async with self._slot():
-            if self._is_cluster:
-                # Sent to the node of key's slot: a command that names no key (SCRIPT
-                # LOAD) could not be routed otherwise.
-                node = self.client.get_node_from_key(key)
-                return await self.client.execute_command(*command, target_nodes=node)
-            return await self.client.execute_command(*command)
-
-    async def _transaction(
+    def channel(self) -> Channel | None: ...
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+    async def command(self, key: str, *command: Any, large: bool = False) -> Any: ...
+    async def transaction(
         self, key: str, commands: Sequence[tuple[Any, ...]], *, large: bool = False
-    ) -> list[Any]:
-        """Run ``commands`` (all on ``key``'s slot) in one MULTI/EXEC; error replies are
-        returned in place, as exceptions.
+    ) -> list[Any]: ...
 
-        On the command channel when there is one, unless the reply may be ``large``.
 
-        It goes raw over one connection of the pool (on a cluster, of the primary that
-        holds ``key``'s slot): redis-py's cluster pipeline has no usable transactions
-        across the versions we support, and on a standalone server its pipeline's
-        per-command parsing and bookkeeping cost more client time than the batch's own
-        entries. Replies are then unparsed (what :func:`sized_entries` reads).
-        """
-        channel = self.channel
-        if channel is not None and not large:
-            return _exec_replies(await channel.transaction(key, commands))
-        async with self._slot():
-            return await self._pool_transaction(key, commands)
+@contextlib.asynccontextmanager
+async def command_slot(limiter: anyio.CapacityLimiter | None) -> AsyncIterator[None]:
+    """Hold one of a consumer's command slots (one the task holds already is reused),
+    for a command sent outside the channel from a channelled method."""
+    if limiter is None or _HOLDING.get():
+        yield
+        return
+    async with limiter:
+        token = _HOLDING.set(True)
+        try:
+            yield
+        finally:
+            _HOLDING.reset(token)
 
-    async def _pool_transaction(self, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        if not hasattr(self.client, "get_node_from_key"):
-            pool = self.client.connection_pool
-            try:
-                connection = await pool.get_connection()
-            except TypeError:  # redis-py before 5.3 wants a command name
-                connection = await pool.get_connection("MULTI")
-            try:
-                replies = await _raw_transaction(connection, commands)
-            except BaseException:
-                await connection.disconnect()  # replies may be left unread on the socket
-                raise
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await pool.release(connection)
-            return _exec_replies(replies)
-        node = self.client.get_node_from_key(key)
-        connection = node.acquire_connection()
+
+async def pool_transaction(client: Any, key: str, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """MULTI, ``commands``, EXEC raw over one connection of ``client``'s pool (on a
+    cluster, of the primary that holds ``key``'s slot); error replies in place."""
+    if not hasattr(client, "get_node_from_key"):
+        pool = client.connection_pool
+        try:
+            connection = await pool.get_connection()
+        except TypeError:  # redis-py before 5.3 wants a command name
+            connection = await pool.get_connection("MULTI")
         try:
             replies = await _raw_transaction(connection, commands)
-        except BaseException as exc:
-            # Replies may be left unread on the socket: it must not be reused.
-            await connection.disconnect()
-            if isinstance(exc, rex.AskError) or (
-                isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK "))
-            ):
-                # The slot moved: a command through the cluster client follows the
-                # redirection and refreshes its slot table for the next call.
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(5),
-                    contextlib.suppress(rex.RedisError, OSError),
-                ):
-                    await self.client.exists(key)
+        except BaseException:
+            await connection.disconnect()  # replies may be left unread on the socket
             raise
         finally:
-            release_to_node(node, connection)
+            with anyio.CancelScope(shield=True):
+                await pool.release(connection)
         return _exec_replies(replies)
+    node = client.get_node_from_key(key)
+    connection = node.acquire_connection()
+    try:
+        replies = await _raw_transaction(connection, commands)
+    except BaseException as exc:
+        # Replies may be left unread on the socket: it must not be reused.
+        await connection.disconnect()
+        if isinstance(exc, rex.AskError) or (
+            isinstance(exc, rex.ResponseError) and str(exc).startswith(("MOVED", "ASK "))
+        ):
+            # The slot moved: a command through the cluster client follows the
+            # redirection and refreshes its slot table for the next call.
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(5),
+                contextlib.suppress(rex.RedisError, OSError),
+            ):
+                await client.exists(key)
+        raise
+    finally:
+        release_to_node(node, connection)
+    return _exec_replies(replies)
+
+
+def exec_replies(replies: Any) -> list[Any]:
+    """The replies of an EXEC (see :func:`_exec_replies`)."""
+    return _exec_replies(replies)

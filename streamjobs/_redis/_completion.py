@@ -4,17 +4,26 @@ one-call completion (seal, finish and release) of a single server."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from .._keys import Keys
 from .._wire import STREAM_FIELD
 from ._boundary import (
     ENDED_MARKER_TTL_MS,
-    CommandsBase,
+    Core,
     channelled,
 )
+from ._scripts import Scripts
 
 
-class CompletionCommands(CommandsBase):
+class CompletionCommands:
     """How an owned stream's lock ends: seal, release, and the one-call completion."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client: Any = core.client
+        self.keys: Keys = core.keys
+        self.scripts: Scripts = core.scripts
 
     @channelled
     async def complete(

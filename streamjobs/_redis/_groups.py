@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError
 
 from .._keys import Keys
 from ._boundary import (
-    CommandsBase,
+    Core,
     channelled,
     channelled_command,
     translate,
@@ -61,7 +61,7 @@ class GroupCommands:
         core: the gateway whose client, channel, command slots and keys they use.
     """
 
-    def __init__(self, core: CommandsBase) -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
         self.keys: Keys = core.keys
         self.group = core.keys.group
@@ -92,7 +92,7 @@ class GroupCommands:
     async def register(self, stream: str) -> None:
         """List ``stream`` among the service's group streams (``streamjobs status``)."""
         key = self.keys.group_streams
-        await self.core._command(key, "SADD", key, stream)
+        await self.core.command(key, "SADD", key, stream)
 
     @channelled
     async def ack(self, stream: str, member: str, ids: Sequence[str]) -> bool:
@@ -131,7 +131,7 @@ class GroupCommands:
             ("XREADGROUP", "GROUP", group, member, "COUNT", count, "STREAMS", stream, ">"),
             ("XREVRANGE", stream, "+", "-", "COUNT", 1),
         ]
-        replies = await core._transaction(stream, commands)
+        replies = await core.transaction(stream, commands)
         if ids:
             acked = replies.pop(0)
             if isinstance(acked, NoScriptError):
@@ -154,7 +154,7 @@ class GroupCommands:
     async def history(self, stream: str, member: str, count: int) -> list[GroupEntry]:
         """Up to ``count`` entries pending under ``member`` (``XREADGROUP ... 0``):
         claimed from the dead, or delivered by a read whose reply was lost."""
-        reply = await self.core._command(
+        reply = await self.core.command(
             stream,
             "XREADGROUP", "GROUP", self.group, member, "COUNT", count, "STREAMS", stream, "0",
         )  # fmt: skip
@@ -176,7 +176,7 @@ class GroupCommands:
         """One more start of a redelivered entry; returns its starts so far (the
         crash-loop count, docs/shared-groups.md#crash-loops)."""
         key = self.keys.starts(stream)
-        return int(await self.core._command(key, "HINCRBY", key, entry_id, 1))
+        return int(await self.core.command(key, "HINCRBY", key, entry_id, 1))
 
     @channelled
     async def beat(self, streams: Sequence[str], members: Sequence[str], ttl_ms: int) -> list[bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from .._keys import Keys
 from .._session import incarnation_of, parse_session_token
@@ -12,7 +13,7 @@ from .._wire import (
 )
 from ._boundary import (
     _CURSOR_KEEP_MS,
-    CommandsBase,
+    Core,
     channelled_command,
     script,
     translated,
@@ -24,18 +25,25 @@ from ._replies import (
     sized_entries,
     text,
 )
+from ._scripts import Scripts
 
 STOPPED_KEEP_MS = 24 * 3600 * 1000
 """How long the record of consumers that stopped cleanly is kept after the last stop."""
 
 
-class LivenessCommands(CommandsBase):
+class LivenessCommands:
     """Whether a holder is alive: lock state, sessions, the sweeps, the scan lease."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client: Any = core.client
+        self.keys: Keys = core.keys
+        self.scripts: Scripts = core.scripts
 
     @channelled_command
     async def is_end_marker(self, stream: str, entry_id: str) -> bool:
         """True if entry ``entry_id`` of ``stream`` is the end-of-stream marker."""
-        reply = await self._command(stream, "XRANGE", stream, entry_id, entry_id, "COUNT", 1)
+        reply = await self.core.command(stream, "XRANGE", stream, entry_id, entry_id, "COUNT", 1)
         entries, _ = sized_entries(reply)
         return bool(entries) and is_eos(entries[0][1])
 
@@ -108,7 +116,7 @@ class LivenessCommands(CommandsBase):
         """The token in ``stream``'s lock and the reason in its cancel marker (None where
         there is none): one MGET, both keys being in the stream's slot."""
         lock = self.keys.lock(stream)
-        token, reason = await self._command(lock, "MGET", lock, self.keys.cancel(stream))
+        token, reason = await self.core.command(lock, "MGET", lock, self.keys.cancel(stream))
         return (None if token is None else text(token), None if reason is None else text(reason))
 
     @channelled_command
@@ -116,7 +124,7 @@ class LivenessCommands(CommandsBase):
         """The token in ``stream``'s lock and the job its ended-job marker names (None
         where there is none): one MGET, both keys being in the stream's slot."""
         lock = self.keys.lock(stream)
-        token, ended = await self._command(lock, "MGET", lock, self.keys.ended(stream))
+        token, ended = await self.core.command(lock, "MGET", lock, self.keys.ended(stream))
         job = None if ended is None else text(ended).partition(" ")[2]
         return (None if token is None else text(token), job)
 
@@ -124,7 +132,7 @@ class LivenessCommands(CommandsBase):
     async def lock_holder(self, stream: str) -> str | None:
         """The token in ``stream``'s lock, or None if there is no lock."""
         lock = self.keys.lock(stream)
-        token = await self._command(lock, "GET", lock)
+        token = await self.core.command(lock, "GET", lock)
         return None if token is None else text(token)
 
     @script
@@ -164,7 +172,7 @@ class LivenessCommands(CommandsBase):
             await self.client.hdel(key, consumer)
             return
         now_ms = int(time.time() * 1000)
-        async with self.client.pipeline(transaction=not self._is_cluster) as pipe:
+        async with self.client.pipeline(transaction=not self.core.is_cluster) as pipe:
             pipe.hset(key, consumer, now_ms)
             pipe.pexpire(key, STOPPED_KEEP_MS)
             await pipe.execute()

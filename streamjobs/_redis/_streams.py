@@ -10,13 +10,14 @@ from typing import Any
 import anyio
 from redis import exceptions as rex
 
+from .._keys import Keys
 from ..exceptions import (
     RedisUnavailable,
 )
 from ._boundary import (
     ACQUIRED,
     ACQUIRED_ENDED,
-    CommandsBase,
+    Core,
     blocking,
     channelled,
     script,
@@ -33,6 +34,7 @@ from ._replies import (
     sized_entries,
     text,
 )
+from ._scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +42,19 @@ _CLAIM_SPAN_SLACK = 100
 """Entries acked between claimed ones that one XRANGE over the claimed span may carry."""
 
 
-class StreamCommands(CommandsBase):
+class StreamCommands:
     """Locks and data streams: the leases, acquiring, extending, fenced reads and claims."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client: Any = core.client
+        self.keys: Keys = core.keys
+        self.scripts: Scripts = core.scripts
 
     def _entries(self, raw: Sequence[Any] | None) -> tuple[list[DataEntry], int]:
         """A data read's entries as ``handle()`` gets them: decoded, or in bytes mode
         (``raw_fields``) undecoded; and the largest one's size in bytes."""
-        if self.raw_fields:
+        if self.core.raw_fields:
             return raw_sized_entries(raw)
         return sized_entries(raw)
 
@@ -99,7 +107,7 @@ class StreamCommands(CommandsBase):
             ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", stream, ">"),
         ]
         for attempt in range(2):
-            marker, taken, fenced, read = await self._transaction(stream, commands)
+            marker, taken, fenced, read = await self.core.transaction(stream, commands)
             missing = [
                 lua
                 for lua, reply in ((acquire, taken), (fence, fenced))
@@ -109,7 +117,7 @@ class StreamCommands(CommandsBase):
                 break
             # A restarted or promoted server has no scripts: load them and go again.
             for lua in missing:
-                await self._command(stream, "SCRIPT", "LOAD", lua.script)
+                await self.core.command(stream, "SCRIPT", "LOAD", lua.script)
         if isinstance(taken, BaseException):
             raise translate(taken, in_script=True) from taken
         if (
@@ -124,7 +132,7 @@ class StreamCommands(CommandsBase):
             # the lock, so it is skipped now, as the next job's start would skip it.
             skipped = [entry_id for entry_id, _ in self._entries(_stream_entries(read))[0]]
             if skipped:
-                await self._command(stream, "XACK", stream, group, *skipped)
+                await self.core.command(stream, "XACK", stream, group, *skipped)
         if int(taken) != ACQUIRED or isinstance(fenced, BaseException) or int(fenced[0]) != 1:
             return int(taken), None
         if len(fenced) > 3 and fenced[3] is not None and fenced[3] is not False:
@@ -144,7 +152,7 @@ class StreamCommands(CommandsBase):
         by node and each node is asked concurrently, so one unreachable primary
         (mid-failover) does not keep the locks on the others from being extended.
         """
-        if not self._is_cluster:
+        if not self.core.is_cluster:
             # Plain EVALSHAs: redis-py's pipelined script objects would first send
             # SCRIPT EXISTS, a permission the consumer does not otherwise need.
             extend = self.scripts.extend
@@ -310,12 +318,12 @@ class StreamCommands(CommandsBase):
             ),
         ]
         for attempt in range(2):
-            fenced, read = await self._transaction(stream, commands, large=large)
+            fenced, read = await self.core.transaction(stream, commands, large=large)
             if not isinstance(fenced, rex.NoScriptError) or attempt:
                 break
             # A restarted or promoted server has no scripts: load it and go again (the
             # discarded read left its entries pending with us: the retry claims them).
-            await self._command(stream, "SCRIPT", "LOAD", fence.script)
+            await self.core.command(stream, "SCRIPT", "LOAD", fence.script)
         if isinstance(fenced, BaseException):
             raise translate(fenced, in_script=True) from fenced
         return fenced, read
@@ -378,7 +386,7 @@ class StreamCommands(CommandsBase):
         """
         wanted = set(ids)
         limit = len(ids) + _CLAIM_SPAN_SLACK
-        span = await self._command(
+        span = await self.core.command(
             stream, "XRANGE", stream, ids[0], ids[-1], "COUNT", limit, large=large
         )
         found = {text(item[0]): item for item in span if text(item[0]) in wanted}
@@ -390,7 +398,7 @@ class StreamCommands(CommandsBase):
             async with anyio.create_task_group() as tg:  # one write on the channel
 
                 async def fetch(entry_id: str) -> None:
-                    reply = await self._command(
+                    reply = await self.core.command(
                         stream, "XRANGE", stream, entry_id, entry_id, "COUNT", 1, large=large
                     )
                     if reply:
@@ -404,7 +412,7 @@ class StreamCommands(CommandsBase):
     async def newer_than(self, stream: str, after_id: str) -> bool:
         """Whether ``stream`` has an entry newer than ``after_id``, or no longer exists
         (the check after an idle stream's keyspace subscription, on a cluster)."""
-        exists, newer = await self._transaction(
+        exists, newer = await self.core.transaction(
             stream,
             [("EXISTS", stream), ("XREVRANGE", stream, "+", f"({after_id}", "COUNT", 1)],
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+from .._keys import Keys
 from .._wire import (
     CANCEL_FIELD,
     EOS_FIELD,
@@ -15,17 +17,24 @@ from ..exceptions import (
 )
 from ._boundary import (
     ENDED_MARKER_TTL_MS,
-    CommandsBase,
+    Core,
     script,
     translated,
 )
 from ._replies import (
     text,
 )
+from ._scripts import Scripts
 
 
-class ProducerCommands(CommandsBase):
+class ProducerCommands:
     """Producer writes: queueing a job, starting it, cancelling, appending."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client: Any = core.client
+        self.keys: Keys = core.keys
+        self.scripts: Scripts = core.scripts
 
     # -- producer writes -----------------------------------------------------------
 
@@ -97,7 +106,8 @@ class ProducerCommands(CommandsBase):
         there if missing) and mark ``job`` ended, so what a cancelled, never-read job left,
         or its producer appends later, is not handed to the next job of the same name."""
         await self.scripts.skip_unread(
-            keys=[stream, self.keys.ended(stream)], args=[self.keys.group, job, ENDED_MARKER_TTL_MS]
+            keys=[stream, self.keys.ended(stream)],
+            args=[self.keys.group, job, ENDED_MARKER_TTL_MS],
         )
 
     @script

@@ -261,6 +261,29 @@ class FakeGateway:
         dlq_maxlen: cap of the dead-letter stream; 0 = unbounded.
     """
 
+    # One object plays every command group of the real gateway (``Gateway.streams``,
+    # ``.assignments``, ...): its methods are flat, as the protocol's groups are disjoint.
+
+    @property
+    def assignments(self) -> FakeGateway:
+        return self
+
+    @property
+    def streams(self) -> FakeGateway:
+        return self
+
+    @property
+    def completion(self) -> FakeGateway:
+        return self
+
+    @property
+    def liveness(self) -> FakeGateway:
+        return self
+
+    @property
+    def writes(self) -> FakeGateway:
+        return self
+
     def __init__(
         self,
         keys: Keys | None = None,
@@ -1345,6 +1368,23 @@ class RawFieldsView:
 
     def __init__(self, gateway: FakeGateway) -> None:
         self._gateway = gateway
+
+    # Its command groups are the view itself, so that reads through them are in bytes.
+    @property
+    def assignments(self) -> RawFieldsView:
+        return self
+
+    @property
+    def streams(self) -> RawFieldsView:
+        return self
+
+    @property
+    def completion(self) -> RawFieldsView:
+        return self
+
+    @property
+    def liveness(self) -> RawFieldsView:
+        return self
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gateway, name)

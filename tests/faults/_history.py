@@ -10,7 +10,7 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 
-from streamjobs._operator import owner_of
+from streamjobs._redis._operator import owner_of
 
 from .workers import log_key
 

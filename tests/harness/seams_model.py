@@ -67,6 +67,8 @@ from streamjobs.exceptions import RedisUnavailable
 from tests.fakes.gateway import METHODS, FakeGateway, RawFieldsView
 from tests.fakes.runtime import RecordingMetrics, Running
 
+GROUPS = ("assignments", "streams", "completion", "liveness", "writes")
+"""The command groups of ``Gateway`` (``FakeGateway`` plays them all itself)."""
 NAMES = ("a", "b")
 CONSUMERS = ("c1", "c2")
 IN_BYTES_MODE = frozenset({"c2"})
@@ -132,14 +134,21 @@ class View:
         self._consumer = consumer
         self._tokens = tokens
         self.dead = False
+        self._dead_of: View | None = None  # a group's view dies with its gateway's
 
     def __getattr__(self, name: str) -> Any:
+        if name in GROUPS:
+            # A command group of the real gateway: the same view over it, so that its
+            # calls fail as the view's do.
+            view = View(getattr(self._gateway, name), self._faults, self._consumer, self._tokens)
+            view._dead_of = self
+            return view
         target = getattr(self._gateway, name)
         if name not in METHODS:
             return target
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.dead:
+            if self.dead or (self._dead_of is not None and self._dead_of.dead):
                 raise RedisUnavailable("killed (model)")
             if name in self._faults:
                 self._faults.discard(name)
@@ -651,9 +660,9 @@ class SeamsModel(RuleBasedStateMachine):
         gateway = self.world.gateway(raw=consumer in IN_BYTES_MODE)
 
         async def read() -> None:
-            if await gateway.lock_holder(stream) == token:
+            if await gateway.liveness.lock_holder(stream) == token:
                 return  # still held with it: not a stalled owner
-            reply = await gateway.fenced_read(stream, token, consumer, BATCH, [])
+            reply = await gateway.streams.fenced_read(stream, token, consumer, BATCH, [])
             assert not reply.owned, f"a read with {token!r}, no longer the lock's, passed"
 
         self._call(read)

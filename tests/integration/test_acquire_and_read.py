@@ -23,7 +23,7 @@ async def _pending_of(redis: Any, stream: str, group: str) -> dict[str, int]:
 async def _a_job_to_its_end(redis: Any, service: str, uid: str) -> tuple[Gateway, str, list[str]]:
     """A gateway (scripts loaded) and a data stream of two entries and the end marker."""
     gw = Gateway(redis, Keys(service))
-    await gw.load_scripts()
+    await gw.assignments.load_scripts()
     stream = f"data:{uid}"
     handled = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(2)]
     handled.append((await redis.xadd(stream, {EOS_FIELD: EOS_VALUE})).decode())
@@ -37,7 +37,7 @@ async def test_a_free_lock_is_taken_with_the_first_entries(
     stream = f"data:{uid}"
     ids = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(5)]
 
-    taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 3)
+    taken, first = await gw.streams.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 3)
 
     assert taken == ACQUIRED
     assert first is not None
@@ -53,7 +53,7 @@ async def test_an_empty_stream_gives_the_id_to_wait_after(
     gw = Gateway(redis, Keys(service))
     stream = f"data:{uid}"
 
-    taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 10)
+    taken, first = await gw.streams.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 10)
 
     assert taken == ACQUIRED
     assert first is not None
@@ -64,14 +64,14 @@ async def test_a_held_lock_leaves_the_read_to_the_owner_in_order(
     redis: Any, service: str, uid: str
 ) -> None:
     gw = Gateway(redis, Keys(service))
-    await gw.load_scripts()  # as a consumer does at start: no NOSCRIPT retry below
+    await gw.assignments.load_scripts()  # as a consumer does at start: no NOSCRIPT retry below
     stream = f"data:{uid}"
     ids = [(await redis.xadd(stream, {"n": str(i)})).decode() for i in range(6)]
-    assert await gw.acquire(stream, "owner:1", 5000)
-    owned = await gw.fenced_read(stream, "owner:1", "owner", 2, [])
+    assert await gw.streams.acquire(stream, "owner:1", 5000)
+    owned = await gw.streams.fenced_read(stream, "owner:1", "owner", 2, [])
     assert [i for i, _ in owned.entries] == ids[:2]
 
-    taken, first = await gw.acquire_and_read(stream, "loser:1", 5000, "job", "loser", 2)
+    taken, first = await gw.streams.acquire_and_read(stream, "loser:1", 5000, "job", "loser", 2)
 
     assert (taken, first) == (NOT_ACQUIRED, None)
     assert await redis.get(gw.keys.lock(stream)) == b"owner:1"
@@ -79,10 +79,10 @@ async def test_a_held_lock_leaves_the_read_to_the_owner_in_order(
     assert await _pending_of(redis, stream, gw.keys.group) == {"owner": 2, "loser": 2}
     # The owner's next read acks its batch and sees them pending: it claims the oldest
     # pending entries (theirs, then what its own discarded read delivered), in order.
-    nxt = await gw.fenced_read(stream, "owner:1", "owner", 10, ids[:2])
+    nxt = await gw.streams.fenced_read(stream, "owner:1", "owner", 10, ids[:2])
     assert nxt.claimed
     assert [i for i, _ in nxt.entries] == ids[2:]
-    done = await gw.fenced_read(stream, "owner:1", "owner", 10, ids[2:])
+    done = await gw.streams.fenced_read(stream, "owner:1", "owner", 10, ids[2:])
     assert done.entries == []
     assert await _pending_of(redis, stream, gw.keys.group) == {}
 
@@ -95,12 +95,12 @@ async def test_a_cancelled_stream_and_an_ended_job(redis: Any, service: str, uid
     await redis.xadd(ended, {"n": "0"})
     await redis.set(gw.keys.ended(ended), "n job-1")
 
-    taken, first = await gw.acquire_and_read(cancelled, "c1:1", 5000, "job", "c1", 10)
+    taken, first = await gw.streams.acquire_and_read(cancelled, "c1:1", 5000, "job", "c1", 10)
     assert taken == ACQUIRED
     assert first is not None
     assert (first.cancelled, first.entries) == ("stop", [])
 
-    taken, first = await gw.acquire_and_read(ended, "c1:2", 5000, "job-1", "c1", 10)
+    taken, first = await gw.streams.acquire_and_read(ended, "c1:2", 5000, "job-1", "c1", 10)
     assert (taken, first) == (ACQUIRED_ENDED, None)
     assert await redis.get(gw.keys.lock(ended)) == b"c1:2"
     # After a normal end, what follows the end marker may be a later job's (one queued
@@ -122,7 +122,7 @@ async def test_an_early_ended_job_leaves_nothing_pending(
     await redis.xadd(stream, {"n": "tail"})
     await redis.set(gw.keys.ended(stream), "e job-1")
 
-    taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job-1", "c1", 10)
+    taken, first = await gw.streams.acquire_and_read(stream, "c1:1", 5000, "job-1", "c1", 10)
 
     assert (taken, first) == (ACQUIRED_ENDED, None)
     assert await _pending_of(redis, stream, gw.keys.group) == {}
@@ -140,24 +140,24 @@ async def test_entries_a_contender_read_past_the_end_are_not_left_pending(
     if path == "complete" and hasattr(redis, "get_node_from_key"):
         pytest.skip("complete.lua needs every key on one server")
     gw, stream, handled = await _a_job_to_its_end(redis, service, uid)
-    assert await gw.acquire(stream, "owner:1", 5000)
-    read = await gw.fenced_read(stream, "owner:1", "owner", 10, [])
+    assert await gw.streams.acquire(stream, "owner:1", 5000)
+    read = await gw.streams.fenced_read(stream, "owner:1", "owner", 10, [])
     assert [i for i, _ in read.entries] == handled
     await redis.xadd(stream, {"n": "tail"})
-    taken, _ = await gw.acquire_and_read(stream, "rival:1", 5000, "job", "rival", 10)
+    taken, _ = await gw.streams.acquire_and_read(stream, "rival:1", 5000, "job", "rival", 10)
     assert taken == NOT_ACQUIRED
     assert await _pending_of(redis, stream, gw.keys.group) == {"owner": 3, "rival": 1}
 
     if path == "complete":
-        sealed, _ = await gw.complete(stream, "owner:1", -1, "0-1", handled, job="job")
+        sealed, _ = await gw.completion.complete(stream, "owner:1", -1, "0-1", handled, job="job")
         assert sealed
     else:
-        assert await gw.seal(stream, "owner:1", -1, handled, job="job")
+        assert await gw.completion.seal(stream, "owner:1", -1, handled, job="job")
         assert await _pending_of(redis, stream, gw.keys.group) == {}
         await redis.xadd(stream, {"n": "tail 2"})  # a contender between seal and release
-        taken, _ = await gw.acquire_and_read(stream, "rival:2", 5000, "job", "rival", 10)
+        taken, _ = await gw.streams.acquire_and_read(stream, "rival:2", 5000, "job", "rival", 10)
         assert taken == NOT_ACQUIRED
-        assert await gw.release(stream, "owner:1", -1, ended=True)
+        assert await gw.completion.release(stream, "owner:1", -1, ended=True)
     assert await _pending_of(redis, stream, gw.keys.group) == {}
 
 
@@ -170,12 +170,12 @@ async def test_scripts_missing_on_the_server_are_loaded_again(
 
     async with Redis.from_url(redis_url) as redis:
         gw = Gateway(redis, Keys(service))
-        await gw.load_scripts()
+        await gw.assignments.load_scripts()
         stream = f"data:{uid}"
         await redis.xadd(stream, {"n": "0"})
         await redis.script_flush()
 
-        taken, first = await gw.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 10)
+        taken, first = await gw.streams.acquire_and_read(stream, "c1:1", 5000, "job", "c1", 10)
 
         assert taken == ACQUIRED
         assert first is not None
@@ -199,22 +199,24 @@ async def test_a_read_after_the_lock_was_lost_leaves_nothing_behind(
     gw, stream, handled = await _a_job_to_its_end(redis, service, uid)
     # The stalled owner read the first batch; its lock expired and the successor took
     # the stream over, claimed that batch and handled it.
-    assert await gw.acquire(stream, "stalled:1", 5000)
-    assert [i for i, _ in (await gw.fenced_read(stream, "stalled:1", "stalled", 2, [])).entries]
+    assert await gw.streams.acquire(stream, "stalled:1", 5000)
+    assert [
+        i for i, _ in (await gw.streams.fenced_read(stream, "stalled:1", "stalled", 2, [])).entries
+    ]
     await redis.delete(gw.keys.lock(stream))
-    assert await gw.acquire(stream, "owner:1", 5000)
-    claimed = await gw.fenced_read(stream, "owner:1", "owner", 10, [], claim=True)
+    assert await gw.streams.acquire(stream, "owner:1", 5000)
+    claimed = await gw.streams.fenced_read(stream, "owner:1", "owner", 10, [], claim=True)
     assert [i for i, _ in claimed.entries] == handled[:2]
-    rest = await gw.fenced_read(stream, "owner:1", "owner", 10, handled[:2])
+    rest = await gw.streams.fenced_read(stream, "owner:1", "owner", 10, handled[:2])
     assert [i for i, _ in rest.entries] == handled[2:]
     if lock == "ended":
-        assert await gw.seal(stream, "owner:1", -1, handled, job="job")
-        assert await gw.release(stream, "owner:1", -1, ended=True)
+        assert await gw.completion.seal(stream, "owner:1", -1, handled, job="job")
+        assert await gw.completion.release(stream, "owner:1", -1, ended=True)
     elif lock == "free":  # the successor died too: its assignment is re-queued
         await redis.delete(gw.keys.lock(stream))
     tail = (await redis.xadd(stream, {"n": "tail"})).decode()
 
-    stale = await gw.fenced_read(stream, "stalled:1", "stalled", 10, [])
+    stale = await gw.streams.fenced_read(stream, "stalled:1", "stalled", 10, [])
 
     assert not stale.owned
     if lock == "ended":
@@ -222,13 +224,13 @@ async def test_a_read_after_the_lock_was_lost_leaves_nothing_behind(
         return
     assert (await _pending_of(redis, stream, gw.keys.group))["stalled"] == 1
     if lock == "free":
-        assert await gw.acquire(stream, "owner:2", 5000)
+        assert await gw.streams.acquire(stream, "owner:2", 5000)
         token, acked, unacked = "owner:2", [], [handled[2], tail]  # the dead one's too
     else:
         token, acked, unacked = "owner:1", handled[2:], [tail]
-    nxt = await gw.fenced_read(stream, token, "owner", 10, acked)
+    nxt = await gw.streams.fenced_read(stream, token, "owner", 10, acked)
     assert [i for i, _ in nxt.entries] == unacked
-    await gw.fenced_read(stream, token, "owner", 10, unacked)
+    await gw.streams.fenced_read(stream, token, "owner", 10, unacked)
     assert await _pending_of(redis, stream, gw.keys.group) == {}
 
 
@@ -239,10 +241,10 @@ async def test_a_failing_settlement_of_a_stale_read_only_leaves_it_pending(
     lost, the failure is one warning line, and the entries stay pending (as they did
     before it existed) for the next job of the name."""
     gw, stream, handled = await _a_job_to_its_end(redis, service, uid)
-    assert await gw.acquire(stream, "owner:1", 5000)
-    await gw.fenced_read(stream, "owner:1", "owner", 10, [])
-    assert await gw.seal(stream, "owner:1", -1, handled, job="job")
-    assert await gw.release(stream, "owner:1", -1, ended=True)
+    assert await gw.streams.acquire(stream, "owner:1", 5000)
+    await gw.streams.fenced_read(stream, "owner:1", "owner", 10, [])
+    assert await gw.completion.seal(stream, "owner:1", -1, handled, job="job")
+    assert await gw.completion.release(stream, "owner:1", -1, ended=True)
     await redis.xadd(stream, {"n": "tail"})
 
     async def unreachable(**_: Any) -> None:
@@ -250,7 +252,7 @@ async def test_a_failing_settlement_of_a_stale_read_only_leaves_it_pending(
 
     gw.scripts.stray = unreachable  # type: ignore[assignment]
     with caplog.at_level("WARNING", logger="streamjobs._redis._streams"):
-        stale = await gw.fenced_read(stream, "stalled:1", "stalled", 10, [])
+        stale = await gw.streams.fenced_read(stream, "stalled:1", "stalled", 10, [])
 
     assert not stale.owned
     assert await _pending_of(redis, stream, gw.keys.group) == {"stalled": 1}

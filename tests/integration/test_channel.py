@@ -203,7 +203,7 @@ async def test_a_script_the_server_lost_is_loaded_again(redis: Any, uid: str, se
     gateway.scripts.channel = channel = Channel(redis)
     stream = f"data:{uid}"
     await redis.script_flush()
-    assert await gateway.acquire(stream, "me:1", 5000)
+    assert await gateway.streams.acquire(stream, "me:1", 5000)
     assert channel.commands >= 3  # EVALSHA (NOSCRIPT), SCRIPT LOAD, EVALSHA
     assert await redis.get(gateway.keys.lock(stream)) == b"me:1"
 
@@ -218,14 +218,14 @@ async def test_a_read_that_may_be_large_goes_on_a_connection_of_its_own(
     stream = f"data:{uid}"
     for i in range(5):
         await redis.xadd(stream, {"n": str(i)})
-    assert await gateway.acquire(stream, "me:1", 5000)
-    await gateway.load_scripts()  # another test may have flushed them
+    assert await gateway.streams.acquire(stream, "me:1", 5000)
+    await gateway.assignments.load_scripts()  # another test may have flushed them
     before = channel.commands
 
-    small = await gateway.fenced_read(stream, "me:1", "me", 2, [], reply_bytes=100)
+    small = await gateway.streams.fenced_read(stream, "me:1", "me", 2, [], reply_bytes=100)
     on_channel = channel.commands - before
     acked = [entry_id for entry_id, _ in small.entries]
-    large = await gateway.fenced_read(
+    large = await gateway.streams.fenced_read(
         stream, "me:1", "me", 3, acked, reply_bytes=LARGE_REPLY_BYTES + 1
     )
 
@@ -243,13 +243,13 @@ async def test_claimed_entries_are_fetched_over_the_channel(
     gateway.scripts.channel = channel = Channel(redis)
     stream = f"data:{uid}"
     ids = [await redis.xadd(stream, {"n": str(i)}) for i in range(250)]
-    assert await gateway.acquire(stream, "old:1", 5000)
-    assert len((await gateway.fenced_read(stream, "old:1", "old", 250, [])).entries) == 250
+    assert await gateway.streams.acquire(stream, "old:1", 5000)
+    assert len((await gateway.streams.fenced_read(stream, "old:1", "old", 250, [])).entries) == 250
     await redis.xack(stream, keys.group, *ids[5:200])  # more than one XRANGE carries
     await redis.set(keys.lock(stream), "new:1")
     before = channel.commands
 
-    claimed = await gateway.fenced_read(stream, "new:1", "new", 250, [], claim=True)
+    claimed = await gateway.streams.fenced_read(stream, "new:1", "new", 250, [], claim=True)
 
     expected = [*range(5), *range(200, 250)]
     assert [f["n"] for _, f in claimed.entries] == [str(i) for i in expected]
@@ -267,7 +267,7 @@ async def test_gateway_steps_wait_for_room_on_the_channel_before_building_comman
     taken: list[int] = []
 
     async def acquire() -> None:
-        taken.append(await gateway.acquire(stream, "me:1", 5000))
+        taken.append(await gateway.streams.acquire(stream, "me:1", 5000))
 
     await channel.room.acquire()  # the one place is taken
     async with anyio.create_task_group() as tg:

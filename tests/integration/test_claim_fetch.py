@@ -14,8 +14,10 @@ pytestmark = pytest.mark.anyio
 
 async def _taken_over(redis: AsyncRedis, gw: Gateway, stream: str, entries: int) -> None:
     """ "old" reads every entry of ``stream``, then its lock passes to "new"."""
-    assert await gw.acquire(stream, "old:1", 5000)
-    assert len((await gw.fenced_read(stream, "old:1", "old", entries, [])).entries) == entries
+    assert await gw.streams.acquire(stream, "old:1", 5000)
+    assert (
+        len((await gw.streams.fenced_read(stream, "old:1", "old", entries, [])).entries) == entries
+    )
     await redis.set(gw.keys.lock(stream), "new:1")
 
 
@@ -32,7 +34,7 @@ async def test_claimed_entries_come_back_in_order_across_acked_gaps_and_deletion
     await redis.xack(stream, keys.group, *ids[10:210])
     await redis.xdel(stream, ids[5])
 
-    claimed = await gw.fenced_read(stream, "new:1", "new", 300, [], claim=True)
+    claimed = await gw.streams.fenced_read(stream, "new:1", "new", 300, [], claim=True)
 
     expected = [i for i in [*range(10), *range(210, 300)] if i != 5]
     assert claimed.owned
@@ -55,7 +57,7 @@ async def test_a_contiguous_claim_comes_back_whole(
         await redis.xadd(stream, {"n": str(i), "payload": "x" * 50})
     await _taken_over(redis, gw, stream, 40)
 
-    claimed = await gw.fenced_read(stream, "new:1", "new", 100, [], claim=True)
+    claimed = await gw.streams.fenced_read(stream, "new:1", "new", 100, [], claim=True)
 
     assert [f["n"] for _, f in claimed.entries] == [str(i) for i in range(40)]
     assert claimed.largest_bytes == len("n") + len("39") + len("payload") + 50
@@ -74,7 +76,7 @@ async def test_a_claim_of_a_cancelled_stream_claims_nothing_and_says_so(
     await _taken_over(redis, gw, stream, 5)
     await redis.set(gw.keys.cancel(stream), "stop it")
 
-    reply = await gw.fenced_read(stream, "new:1", "new", 10, ids[:1], claim=True)
+    reply = await gw.streams.fenced_read(stream, "new:1", "new", 10, ids[:1], claim=True)
 
     assert (reply.owned, reply.entries, reply.cancelled) == (True, [], "stop it")
     pending = await redis.xpending(stream, gw.keys.group)

@@ -30,7 +30,7 @@ from streamjobs import (
     StreamState,
 )
 from streamjobs._keys import Keys
-from streamjobs._operator import OperatorGateway
+from streamjobs._redis import Gateway
 from streamjobs.dlq import _Queued
 from tests.harness.plugin import ConsumerFactory
 
@@ -154,8 +154,8 @@ async def test_a_replay_interrupted_halfway_appends_once(
     # A replay that queued its run, appended the entry and died before removing the
     # dead letter.
     await letters._queue_run(stream, [letter], letter.job)
-    gw = OperatorGateway(redis, Keys(service))
-    put = await gw.replay_entries(
+    gw = Gateway(redis, Keys(service))
+    put = await gw.operator.replay_entries(
         stream, [(letter.id, list(letter.fields.items()))], run=True, marker_ttl_ms=60_000
     )
     assert put.state == "placed"
@@ -388,7 +388,7 @@ async def test_several_dead_letters_of_a_finished_stream_in_one_call(
     # A retry of the batch (as after a crash before its dead letters were removed)
     # finds them read and appends nothing.
     length = await redis.xlen(stream)
-    late = await OperatorGateway(redis, Keys(service)).replay_entries(
+    late = await Gateway(redis, Keys(service)).operator.replay_entries(
         stream, [(i, [("n", "x")]) for i in ids], run=True, marker_ttl_ms=60_000
     )
     assert late.state == "delivered"
@@ -618,7 +618,7 @@ async def test_a_job_queued_while_a_replay_runs_reads_only_its_own_entries(
     letters = DeadLetters(redis, service=service)
     producer = Producer(redis, service=service)
     gw = letters._gw
-    real = gw.add_assignment
+    real = gw.writes.add_assignment
     raced: list[str] = []
 
     async def racing(name: str, fields: Any, **kwargs: Any) -> tuple[str, bool]:
@@ -626,7 +626,7 @@ async def test_a_job_queued_while_a_replay_runs_reads_only_its_own_entries(
             raced.append(await producer.add_stream(stream, {"job": 2}))
         return await real(name, fields, **kwargs)
 
-    monkeypatch.setattr(gw, "add_assignment", racing)
+    monkeypatch.setattr(gw.writes, "add_assignment", racing)
     report = await letters.replay([dead])
     assert raced, "add_stream ran inside the replay"
     assert report.replayed == []
@@ -661,7 +661,7 @@ async def test_a_run_hands_over_only_its_replayed_entries(
     await run_to_the_end(consumer_factory, stream, ["job2"], None)
     letters = DeadLetters(redis, service=service)
     gw = letters._gw
-    real = gw.start_job
+    real = gw.writes.start_job
 
     async def then_job2_appends(name: str, job: str, *, created: bool) -> bool:
         skipped = await real(name, job, created=created)
@@ -670,7 +670,7 @@ async def test_a_run_hands_over_only_its_replayed_entries(
             await producer.close_stream(stream)
         return skipped
 
-    monkeypatch.setattr(gw, "start_job", then_job2_appends)
+    monkeypatch.setattr(gw.writes, "start_job", then_job2_appends)
     report = await letters.replay([dead])
     assert [r.reassigned for r in report.replayed] == [True], report
     [(_, end)] = await redis.xrevrange(stream, count=1)
@@ -690,7 +690,7 @@ async def test_a_replay_that_gives_up_ends_the_run_an_owner_already_took(
     come: the replay ends it with the run's own end marker, its owner finishes it
     with nothing handed to ``handle()``, and the dead letter is kept."""
     import streamjobs.dlq
-    from streamjobs._operator import EntryReplay
+    from streamjobs._redis._operator import EntryReplay
 
     keys = Keys(service)
     stream = f"gave-up:{uid}"
@@ -710,7 +710,7 @@ async def test_a_replay_that_gives_up_ends_the_run_an_owner_already_took(
         attempts.append("busy")
         return EntryReplay(state="busy", closed=False, owned=True, ids=[])
 
-    monkeypatch.setattr(letters._gw, "replay_entries", busy_once_the_run_is_owned)
+    monkeypatch.setattr(letters._gw.operator, "replay_entries", busy_once_the_run_is_owned)
     monkeypatch.setattr(streamjobs.dlq, "BUSY_WAIT_S", 0.5)
     consumer = consumer_factory(Recorder, config=retained(None))
     async with consumer:

@@ -55,7 +55,7 @@ def wide(count: int, /, **first: str) -> dict[str, str]:
 
 async def strand(redis: Any, keys: Keys, fields: Mapping[Any, Any], ghost: str = "ghost") -> str:
     """Add one assignment and have a consumer that then 'dies' read it (no lock)."""
-    await Gateway(redis, keys).ensure_group()
+    await Gateway(redis, keys).assignments.ensure_group()
     await redis.xadd(keys.assignments, fields)
     reply: Any = await redis.xreadgroup(keys.group, ghost, {keys.assignments: ">"}, count=1)
     [[_, [(entry_id, _)]]] = reply
@@ -98,7 +98,7 @@ async def test_requeue_refuses_an_oversized_assignment_before_writing(
     aid = await strand(redis, keys, wide(OVERSIZED, stream=f"d:{uid}", info="{}"))
     await redis.zadd(keys.leases, {aid: 1})
     with pytest.raises(ScriptError):
-        await Gateway(redis, keys).requeue(aid, 1)
+        await Gateway(redis, keys).assignments.requeue(aid, 1)
     assert await pending(redis, keys) == 1, "the assignment must stay pending"
     assert await redis.xlen(keys.assignments) == 1
     assert await redis.zscore(keys.leases, aid) == 1, "nothing is written before the check"
@@ -170,7 +170,7 @@ async def test_an_oversized_unparseable_assignment_is_dead_lettered_whole(
     fields = wide(OVERSIZED, info="{}")  # no stream: unparseable
     aid = await strand(redis, keys, fields)
     await redis.zadd(keys.leases, {aid: 1})
-    moved = await Gateway(redis, keys).dead_letter_assignment(aid, meta_for(keys, aid))
+    moved = await Gateway(redis, keys).assignments.dead_letter_assignment(aid, meta_for(keys, aid))
     assert moved is not None
     assert await pending(redis, keys) == 0
     assert await redis.xlen(keys.assignments) == 0
@@ -195,7 +195,7 @@ async def test_dead_lettering_into_a_wrong_type_key_leaves_the_assignment_pendin
     await redis.zadd(keys.leases, {aid: 1})
     await redis.set(keys.dead_letters, "not a stream")
     with pytest.raises(WrongKeyType):
-        await Gateway(redis, keys).dead_letter_assignment(aid, meta_for(keys, aid))
+        await Gateway(redis, keys).assignments.dead_letter_assignment(aid, meta_for(keys, aid))
     assert await pending(redis, keys) == 1
     assert await redis.xlen(keys.assignments) == 1
     assert await redis.zscore(keys.leases, aid) == 1
@@ -227,7 +227,7 @@ async def test_a_data_entry_dead_letter_into_a_wrong_type_key_writes_nothing(
         {"n": "1"}, stream="s", entry_id="1-1", retry_count=0, attempts=1, owner="c", error="e"
     )
     with pytest.raises(WrongKeyType):
-        await Gateway(redis, keys).dead_letter_entry(letter)
+        await Gateway(redis, keys).assignments.dead_letter_entry(letter)
     assert await redis.get(keys.dead_letters) == b"not a stream"
 
 
@@ -241,7 +241,7 @@ async def test_requeue_on_a_wrong_type_assignment_key_writes_nothing(
     await redis.set(keys.assignments, "not a stream")
     await redis.zadd(keys.leases, {"1-1": 1})
     with pytest.raises(WrongKeyType):
-        await Gateway(redis, keys).requeue("1-1", 1)
+        await Gateway(redis, keys).assignments.requeue("1-1", 1)
     assert await redis.zscore(keys.leases, "1-1") == 1
 
 
@@ -257,7 +257,7 @@ async def test_an_oversized_data_entry_dead_letter_is_written_whole(
     letter = entry_dead_letter(
         fields, stream="s", entry_id="1-1", retry_count=2, attempts=3, owner="c", error="E: x"
     )
-    dlq_id, trimmed = await Gateway(redis, keys).dead_letter_entry(letter)
+    dlq_id, trimmed = await Gateway(redis, keys).assignments.dead_letter_entry(letter)
     assert trimmed == 0
     [record] = await dead_letters(redis, keys.dead_letters)
     assert record.id == dlq_id
@@ -359,7 +359,7 @@ async def test_the_largest_assignment_that_is_requeued_field_by_field(
     largest = MAX_COPY_VALUES // 2 - 2
     fields = wide(largest, stream=f"d:{uid}", info="{}")
     aid = await strand(redis, keys, fields)
-    new_id = await gw.requeue(aid, 1)
+    new_id = await gw.assignments.requeue(aid, 1)
     assert new_id is not None
     [(_, copy)] = list(await redis.xrange(keys.assignments) or [])
     assert len(copy) == largest + 2
@@ -369,7 +369,7 @@ async def test_the_largest_assignment_that_is_requeued_field_by_field(
 
     aid = await strand(redis, keys, wide(largest + 1, stream=f"d:{uid}", info="{}"))
     with pytest.raises(ScriptError):
-        await gw.requeue(aid, 1)
+        await gw.assignments.requeue(aid, 1)
     assert await pending(redis, keys) == 1
 
 
@@ -385,7 +385,7 @@ async def test_dead_letters_switch_to_the_json_form_exactly_past_the_limit(
     largest = MAX_COPY_VALUES // 2 - len(meta) - 1
     fields = wide(largest + extra, info="{}")
     aid = await strand(redis, keys, fields)
-    assert await Gateway(redis, keys).dead_letter_assignment(aid, meta_for(keys, aid))
+    assert await Gateway(redis, keys).assignments.dead_letter_assignment(aid, meta_for(keys, aid))
     [(_, raw)] = list(await redis.xrange(keys.dead_letters) or [])
     assert (CARRIER.encode() in raw) is bool(extra)
     [record] = await dead_letters(redis, keys.dead_letters)
@@ -432,7 +432,7 @@ async def test_both_forms_written_by_the_scripts_parse_back_to_the_original_fiel
         if assignment:
             aid = await strand(redis, keys, fields)
             meta = [pair for pair in meta_for(keys, aid) if pair[0] != "_owner"]
-            assert await gw.dead_letter_assignment(aid, meta)
+            assert await gw.assignments.dead_letter_assignment(aid, meta)
         else:
             letter = entry_dead_letter(
                 {k: v.decode("utf-8", "surrogateescape") for k, v in decoded.items()},
@@ -443,7 +443,7 @@ async def test_both_forms_written_by_the_scripts_parse_back_to_the_original_fiel
                 owner="c",
                 error="e",
             )
-            await gw.dead_letter_entry(letter)
+            await gw.assignments.dead_letter_entry(letter)
         [record] = await dead_letters(redis, keys.dead_letters)
         records.append(record)
         # The same source entry again: its marker would make the second write a repeat.

@@ -49,7 +49,7 @@ async def lbs(redis: Any, keys: Keys) -> list[str]:
 
 async def take(redis: Any, keys: Keys, consumer: str) -> list[str]:
     """Read every new assignment as ``consumer`` (an owner that then dies: no lock)."""
-    await Gateway(redis, keys).ensure_group()
+    await Gateway(redis, keys).assignments.ensure_group()
     reply: Any = await redis.xreadgroup(keys.group, consumer, {keys.assignments: ">"}, count=100)
     return [i.decode() for i, _ in reply[0][1]] if reply else []
 
@@ -81,7 +81,7 @@ async def test_a_finished_stream_gets_a_new_assignment(
     stream = f"d:{uid}"
     first = await producer.add_stream(stream)
     await take(redis, keys, "owner")
-    assert await Gateway(redis, keys).finish(first)
+    assert await Gateway(redis, keys).assignments.finish(first)
     assert await redis.exists(keys.active) == 0, "finish left the index entry"
     second = await producer.add_stream(stream)
     assert second != first
@@ -168,8 +168,8 @@ async def test_other_assignments_of_the_stream_leave_the_index_alone(
     assert first != raw, "a raw assignment is not deduplicated"
     dup = (await redis.xadd(keys.assignments, {"stream": stream, "info": "{}"})).decode()
     assert await take(redis, keys, "ghost") == [raw, first, dup]
-    assert await gw.finish(raw)
-    moved = await gw.requeue(dup, 1)
+    assert await gw.assignments.finish(raw)
+    moved = await gw.assignments.requeue(dup, 1)
     assert moved is not None
     assert await index(redis, keys) == {stream: first}
     await take(redis, keys, "ghost")
@@ -177,7 +177,7 @@ async def test_other_assignments_of_the_stream_leave_the_index_alone(
     assert await c.claim(moved) is RequeueOutcome.DEAD_LETTERED
     assert await index(redis, keys) == {stream: first}
     assert await producer.add_stream(stream) == first
-    assert await gw.finish(first)
+    assert await gw.assignments.finish(first)
     assert await redis.exists(keys.active) == 0
 
 
@@ -193,7 +193,7 @@ async def test_idempotency_key_within_and_past_its_window(
     assert 0 < await redis.pttl(keys.idempotency(key)) <= 60_000
     assert await producer.add_stream(stream, idempotency_key=key) == first
     await take(redis, keys, "owner")
-    assert await gw.finish(first)
+    assert await gw.assignments.finish(first)
     await producer.append(stream, {"n": "0"})
     await redis.pexpire(stream, 60_000)  # the retention its release would set
     # Finished, but within the window: the same id, nothing queued, retention kept.
@@ -208,13 +208,13 @@ async def test_idempotency_key_within_and_past_its_window(
     other = f"other-{uid}"
     assert await producer.add_stream(stream, idempotency_key=other) == second
     await take(redis, keys, "owner")
-    assert await gw.finish(second)
+    assert await gw.assignments.finish(second)
     assert await producer.add_stream(stream, idempotency_key=other) == second
     # Past the window the key is forgotten: a new assignment.
     short = f"short-{uid}"
     third = await producer.add_stream(stream, idempotency_key=short, dedupe_window_s=0.2)
     await take(redis, keys, "owner")
-    assert await gw.finish(third)
+    assert await gw.assignments.finish(third)
     assert await producer.add_stream(stream, idempotency_key=short, dedupe_window_s=0.2) == third
     await anyio.sleep(0.3)
     fourth = await producer.add_stream(stream, idempotency_key=short, dedupe_window_s=0.2)
@@ -237,7 +237,7 @@ async def test_a_wrong_type_index_fails_the_producer_and_nothing_else(
         await producer.add_stream(f"e:{uid}")
     assert await lbs(redis, keys) == [aid], "written before the check"
     await take(redis, keys, "owner")
-    assert await Gateway(redis, keys).finish(aid)
+    assert await Gateway(redis, keys).assignments.finish(aid)
     assert await redis.get(keys.active) == b"not a hash"
     await redis.delete(keys.active)
     key = f"req-{uid}"

@@ -432,7 +432,7 @@ async def test_one_consumer_of_a_service_trims_a_stream_per_interval(
         await redis.xadd(stream, {"n": str(i)})
     await redis.xgroup_create(stream, service, id="$")  # every entry acknowledged
     gw = group_runtime_of(make(redis, service, [stream], "c0")).gateway
-    await gw.load_scripts()
+    await gw.assignments.load_scripts()
     keys, args = [stream, gw.keys.trimmed(stream)], ["1", 0, 0, 10_000, 60_000]
 
     first = [int(x) for x in await gw.scripts.group_trim(keys=keys, args=args)]

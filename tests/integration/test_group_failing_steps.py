@@ -96,7 +96,7 @@ class Worker(GroupConsumer):
 
 def inject(consumer: Worker, step: str, faults: Faults) -> None:
     gateway = group_runtime_of(consumer).gateway
-    target = gateway.groups if step in GROUP_STEPS else gateway
+    target = gateway.groups if step in GROUP_STEPS else gateway.assignments
     setattr(target, step, faults.wrap(getattr(target, step)))
 
 

@@ -160,9 +160,9 @@ async def test_a_data_stream_deleted_while_owned_frees_everything(
 async def test_a_retried_acquire_refreshes_the_lock_ttl(redis: AsyncRedis, service: str) -> None:
     gw = Gateway(redis, Keys(service))
     stream = f"data:{service}"
-    assert await gw.acquire(stream, "me:1", 5000)
+    assert await gw.streams.acquire(stream, "me:1", 5000)
     await redis.pexpire(Keys(service).lock(stream), 200)
-    assert await gw.acquire(stream, "me:1", 5000)  # a client retry finds its own token
+    assert await gw.streams.acquire(stream, "me:1", 5000)  # a client retry finds its own token
     assert await redis.pttl(Keys(service).lock(stream)) > 4000
 
 
@@ -249,7 +249,7 @@ async def test_consumer_names_that_are_gone_are_pruned_and_live_ones_kept(
 ) -> None:
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     stream = f"data:{uid}"
     await Producer(redis, service=service).add_stream(stream)
     await redis.xreadgroup(service, "holds-work", {keys.assignments: ">"}, count=1)
@@ -259,8 +259,8 @@ async def test_consumer_names_that_are_gone_are_pruned_and_live_ones_kept(
     async def names() -> set[str]:
         return {c["name"].decode() for c in await redis.xinfo_consumers(keys.assignments, service)}
 
-    assert await gw.prune_consumers(60_000, "me") == []  # nobody idle for a minute yet
-    pruned = await gw.prune_consumers(0, "me")
+    assert await gw.liveness.prune_consumers(60_000, "me") == []  # nobody idle for a minute yet
+    pruned = await gw.liveness.prune_consumers(0, "me")
     assert sorted(pruned) == ["dead-1", "dead-2"]
     assert await names() == {"holds-work", "me"}  # pending work and ourselves stay
     assert (await redis.xpending(keys.assignments, service))["pending"] == 1
@@ -271,7 +271,7 @@ async def test_one_unrecoverable_entry_does_not_stop_the_scan_page(
 ) -> None:
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     poison = (await redis.xadd(keys.assignments, {"info": "{}"})).decode()  # unparseable
     await Producer(redis, service=service).add_stream(f"data:{uid}")
     await redis.xreadgroup(service, "ghost", {keys.assignments: ">"}, count=2)

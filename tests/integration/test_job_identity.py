@@ -116,11 +116,11 @@ async def _owned(
     consumer ``owner`` read and whose lock it took with token ``owner:1``."""
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     producer = Producer(redis, service=service)
     aid = await _job(producer, stream, ["0"], close=close)
     await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=1)
-    assert await gw.acquire(stream, "owner:1", 60_000, job=aid) == ACQUIRED
+    assert await gw.streams.acquire(stream, "owner:1", 60_000, job=aid) == ACQUIRED
     return gw, producer, aid
 
 
@@ -133,9 +133,9 @@ async def test_a_cancel_that_comes_as_the_job_ends_normally_leaves_no_marker(
     stream = f"d:{uid}"
     keys = Keys(service)
     gw, producer, aid = await _owned(redis, service, stream, close=True)
-    reply = await gw.fenced_read(stream, "owner:1", "owner", 10, [])
+    reply = await gw.streams.fenced_read(stream, "owner:1", "owner", 10, [])
     assert len(reply.entries) == 2, reply
-    assert await gw.seal(stream, "owner:1", -1, [e[0] for e in reply.entries], job=aid)
+    assert await gw.completion.seal(stream, "owner:1", -1, [e[0] for e in reply.entries], job=aid)
     await producer.cancel_stream(stream, "too late")
     assert not await redis.exists(keys.cancel(stream))
     assert await redis.xlen(stream) == 2, "no end-with-cancel entry either"
@@ -148,7 +148,7 @@ async def test_an_owner_that_died_after_ending_its_job_early_leaves_it_only_to_c
     keys = Keys(service)
     gw, producer, aid = await _owned(redis, service, stream, close=False)
     # It ended the job early (seal with skip) and died before completing it.
-    assert await gw.seal(stream, "owner:1", -1, cancelled=True, job=aid)
+    assert await gw.completion.seal(stream, "owner:1", -1, cancelled=True, job=aid)
     await redis.delete(keys.lock(stream))
     await producer.append(stream, {"n": "late"})  # its producer goes on
     c = consumer_factory(
@@ -167,7 +167,7 @@ async def test_an_owner_that_died_after_ending_its_job_early_leaves_it_only_to_c
     assert c.handled == [], "the job had ended: nothing of it is handled again"
     assert c.started == [], "nor does it start again"
     # A client retry of that acquire (its reply lost) would find the same.
-    assert await gw.acquire(stream, "again:1", 60_000, job=aid) == ACQUIRED_ENDED
+    assert await gw.streams.acquire(stream, "again:1", 60_000, job=aid) == ACQUIRED_ENDED
 
 
 async def test_a_replay_into_a_stream_whose_job_ended_early_skips_the_leftovers(

@@ -175,12 +175,12 @@ async def test_fenced_read_refuses_a_stale_token(redis: AsyncRedis, service: str
     gw = Gateway(redis, Keys(service))
     stream = f"data:{uid}"
     await Producer(redis, service=service).append(stream, {"n": "0"})
-    assert await gw.acquire(stream, "me:1", 5000)
-    ok, _, batch, *_ = await gw.fenced_read(stream, "me:1", "me", 10, [])
+    assert await gw.streams.acquire(stream, "me:1", 5000)
+    ok, _, batch, *_ = await gw.streams.fenced_read(stream, "me:1", "me", 10, [])
     assert ok
     assert [f["n"] for _, f in batch] == ["0"]
     await redis.set(Keys(service).lock(stream), "other:2")
-    assert not (await gw.fenced_read(stream, "me:1", "me", 10, [batch[0][0]])).owned
+    assert not (await gw.streams.fenced_read(stream, "me:1", "me", 10, [batch[0][0]])).owned
     assert (await redis.xpending(stream, service))["pending"] == 1
 
 

@@ -35,13 +35,13 @@ async def test_a_stalled_owners_read_is_claimed_by_its_successor_in_order(
     stream = f"data:{uid}"
     producer = Producer(redis, service=service)
     ids = [await producer.append(stream, {"n": str(i)}) for i in range(10)]
-    assert await gw.acquire(stream, "A:1", 60_000)
-    first = await gw.fenced_read(stream, "A:1", "A", 2, [])
+    assert await gw.streams.acquire(stream, "A:1", 60_000)
+    first = await gw.streams.fenced_read(stream, "A:1", "A", 2, [])
     assert [i for i, _ in first.entries] == ids[:2]
     await redis.set(keys.lock(stream), "B:1")  # B took over (A's lock expired)
-    took_over = await gw.fenced_read(stream, "B:1", "B", 2, [])
+    took_over = await gw.streams.fenced_read(stream, "B:1", "B", 2, [])
     assert [i for i, _ in took_over.entries] == ids[:2], "A's pending entries come first"
-    stale = await gw.fenced_read(stream, "A:1", "A", 2, [])
+    stale = await gw.streams.fenced_read(stream, "A:1", "A", 2, [])
     assert not stale.owned
     assert stale.entries == []
     pending = await redis.xpending_range(stream, service, "-", "+", 10)
@@ -52,7 +52,7 @@ async def test_a_stalled_owners_read_is_claimed_by_its_successor_in_order(
     ack = seen[:]
     reply = took_over
     while True:
-        reply = await gw.fenced_read(stream, "B:1", "B", 2, ack, claim=reply.claimed)
+        reply = await gw.streams.fenced_read(stream, "B:1", "B", 2, ack, claim=reply.claimed)
         assert reply.owned
         if not reply.entries:
             break

@@ -20,6 +20,7 @@ from streamjobs import (
 )
 from streamjobs._keys import Keys
 from streamjobs._redis import Gateway
+from streamjobs._redis._streams import StreamCommands
 from tests.harness.plugin import ConsumerFactory, RedisServerFactory
 
 from ._helpers import Recorder, eventually
@@ -254,13 +255,13 @@ async def test_no_lease_outlives_its_assignment(
     keys = Keys(service)
     c = consumer_factory(Recorder)
     gw = Gateway(redis, Keys(service))
-    await gw.record_leases(["1-1"], 5000, new=False)  # heartbeat after finish.lua's ZREM
+    await gw.streams.record_leases(["1-1"], 5000, new=False)  # heartbeat after finish.lua's ZREM
     assert await redis.zcard(keys.leases) == 0
-    await gw.record_leases(["1-2"], 5000, new=True)  # an acquisition after its finish
+    await gw.streams.record_leases(["1-2"], 5000, new=True)  # an acquisition after its finish
     assert await redis.zcard(keys.leases) == 0
     [aid] = await strand(redis, service, [f"d:{uid}"], "ghost")
-    await gw.record_leases([aid], 5000, new=True)
-    await gw.record_leases([aid], 9000, new=False)
+    await gw.streams.record_leases([aid], 5000, new=True)
+    await gw.streams.record_leases([aid], 9000, new=False)
     assert await redis.zcard(keys.leases) == 1
     await redis.zadd(keys.leases, {aid: 1})
     await redis.xdel(keys.assignments, aid)  # finished elsewhere; PEL and lease left
@@ -279,17 +280,17 @@ async def test_taking_leases_says_which_assignments_are_still_ours(
     gw = Gateway(redis, keys)
     [mine] = await strand(redis, service, [f"d:{uid}:0"], "me")
     [theirs] = await strand(redis, service, [f"d:{uid}:1"], "other")
-    assert await gw.take_leases([mine, theirs, "1-1"], "me", 5000) == [True, False, False]
+    assert await gw.streams.take_leases([mine, theirs, "1-1"], "me", 5000) == [True, False, False]
     leases: list[tuple[bytes, float]] = list(
         await redis.zrange(keys.leases, 0, -1, withscores=True)
     )
     assert [m for m, _ in leases] == [mine.encode()]
-    now_ms = await gw.server_time_ms()
+    now_ms = await gw.assignments.server_time_ms()
     assert now_ms < leases[0][1] <= now_ms + 5000
-    assert await gw.take_leases([], "me", 5000) == []
+    assert await gw.streams.take_leases([], "me", 5000) == []
 
 
-class _CountingLeases(Gateway):
+class _CountingLeases(StreamCommands):
     batches: list[int] = []
 
     async def take_leases(self, ids: Any, consumer: str, ttl_ms: int) -> list[bool]:
@@ -304,7 +305,13 @@ async def test_the_streams_of_one_intake_read_share_one_lease_call(
     import streamjobs.consumer
 
     monkeypatch.setattr(_CountingLeases, "batches", [])
-    monkeypatch.setattr(streamjobs.consumer, "Gateway", _CountingLeases)
+
+    def gateway(*args: Any, **kwargs: Any) -> Gateway:
+        made = Gateway(*args, **kwargs)
+        made.streams = _CountingLeases(made)
+        return made
+
+    monkeypatch.setattr(streamjobs.consumer, "Gateway", gateway)
     streams = [f"d:{uid}:{i}" for i in range(30)]
     producer = Producer(redis, service=service)
     for s in streams:

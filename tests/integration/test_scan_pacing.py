@@ -38,7 +38,7 @@ async def test_one_consumer_scans_per_interval_and_the_next_pass_goes_on(
 ) -> None:
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     producer = Producer(redis, service=service)
     streams = [f"data:{uid}:{i}" for i in range(250)]
     for s in streams:
@@ -49,7 +49,7 @@ async def test_one_consumer_scans_per_interval_and_the_next_pass_goes_on(
     # position 150. (A lease this far ahead is a session-mode one: the scan asks the
     # lock about it.)
     live = [i for n, i in enumerate(ids) if n != 150]
-    await gw.record_leases(live, 3_600_000, new=True)
+    await gw.streams.record_leases(live, 3_600_000, new=True)
     for n, s in enumerate(streams):
         if n != 150:
             await redis.set(keys.lock(s), "owner:1", px=3_600_000)
@@ -85,13 +85,13 @@ async def test_a_pass_stops_at_the_end_of_the_pending_list_within_its_budget(
 ) -> None:
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     producer = Producer(redis, service=service)
     for i in range(30):
         await producer.add_stream(f"data:{uid}:{i}")
         await redis.set(keys.lock(f"data:{uid}:{i}"), "owner:1", px=3_600_000)  # alive
     delivered = await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=30)
-    await gw.record_leases([i.decode() for i, _ in delivered[0][1]], 3_600_000, new=True)
+    await gw.streams.record_leases([i.decode() for i, _ in delivered[0][1]], 3_600_000, new=True)
 
     async def all_idle() -> bool:  # XPENDING IDLE counts whole milliseconds
         page = await redis.xpending_range(keys.assignments, service, "-", "+", 50, idle=2)

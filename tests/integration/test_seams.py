@@ -15,6 +15,8 @@ from streamjobs._keys import Keys
 from streamjobs._recovery import Recoverer
 from streamjobs._recovery_loops import RecoveryLoops
 from streamjobs._redis import Gateway
+from streamjobs._redis._assignments import AssignmentCommands
+from streamjobs._redis._completion import CompletionCommands
 from streamjobs._session import member, session_token
 from streamjobs.exceptions import RedisUnavailable
 from streamjobs.metrics import NullRecorder, RequeueOutcome, StreamEvent
@@ -30,7 +32,7 @@ async def test_requeue_log_names_the_consumer_that_is_gone(
 ) -> None:
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     aid = await Producer(redis, service=service).add_stream(f"data:{uid}")
     await redis.xreadgroup(service, f"ghost-{uid}", {keys.assignments: ">"}, count=1)
     recoverer = Recoverer(gw, max_retries=3, metrics=NullRecorder(), service=service)
@@ -96,7 +98,7 @@ async def test_each_run_is_a_new_session_incarnation(
     async with c:
         second = await _incarnation(redis, service, name)
         assert second != first
-        assert not await gw.lock_alive(stream), "the first run's session came back"
+        assert not await gw.liveness.lock_alive(stream), "the first run's session came back"
 
 
 async def test_a_lock_left_by_an_earlier_run_does_not_bounce_its_assignment(
@@ -158,7 +160,7 @@ def _loops(redis: AsyncRedis, gw: Gateway, service: str, **recovery: Any) -> Rec
     )
 
 
-class _FailingRequeue(Gateway):
+class _FailingRequeue(AssignmentCommands):
     """Real Redis, but the first ``requeue`` fails as a failover would make it."""
 
     failures = 1
@@ -174,15 +176,16 @@ async def test_a_failed_recovery_keeps_the_dead_session_for_the_next_sweep(
     redis: AsyncRedis, service: str, uid: str
 ) -> None:
     keys = Keys(service)
-    gw = _FailingRequeue(redis, keys)
-    await gw.ensure_group()
+    gw = Gateway(redis, keys)
+    failing = gw.assignments = _FailingRequeue(gw)
+    await gw.assignments.ensure_group()
     incarnation = "a" * 16
     # Read long enough ago to be recovered at once (the sweep leaves fresh ones).
     _, _, ghost = await _strand_with_dead_session(redis, service, uid, incarnation)
     await redis.zadd(keys.sessions, {member(incarnation, ghost): 1})
     loops = _loops(redis, gw, service)
     await loops.sweep_once()
-    assert gw.failures == 0, "the injected failure was not met"
+    assert failing.failures == 0, "the injected failure was not met"
     assert await redis.zscore(keys.sessions, member(incarnation, ghost)) is not None, (
         "the dead session was forgotten although its assignment was not recovered"
     )
@@ -228,7 +231,7 @@ async def test_a_live_session_lock_is_alive_for_another_service(
     async with a:
         await eventually(lambda: _true(len(a.handled) >= 1), timeout_s=10)
         # Seen from the other service, the lock of a's live session is alive.
-        assert await Gateway(redis, Keys(other)).lock_alive(stream)
+        assert await Gateway(redis, Keys(other)).liveness.lock_alive(stream)
         await pb.add_stream(stream)
         async with b:
             await eventually(lambda: _true(a.ended == [stream]), timeout_s=20)
@@ -247,7 +250,7 @@ async def test_recovery_removes_the_lock_of_a_dead_session(
     assignment on removes it, so a poison stream that ends in the DLQ leaves no lock."""
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     stream = f"d:{uid}"
     aid = (
         await redis.xadd(
@@ -388,9 +391,9 @@ async def test_the_scan_recovers_a_dead_session_whose_lease_lies_far_ahead(
     is gone waits that long (found by the model test)."""
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     stream, aid, _ = await _strand_with_dead_session(redis, service, uid, "d" * 16)
-    now_ms = await gw.server_time_ms()
+    now_ms = await gw.assignments.server_time_ms()
     await redis.zadd(keys.leases, {aid: now_ms + 600_000})
     loops = _loops(redis, gw, service, min_idle_s=15)
     assert (await loops.scan_once("-"))[0] == 1
@@ -411,13 +414,13 @@ async def test_a_lease_recorded_after_the_assignment_finished_is_not_added(
     before its deadline (ten minutes under SESSION)."""
     keys = Keys(service)
     gw = Gateway(redis, keys)
-    await gw.ensure_group()
+    await gw.assignments.ensure_group()
     producer = Producer(redis, service=service)
     done = await producer.add_stream(f"d:{uid}:done")
     live = await producer.add_stream(f"d:{uid}:live")
     await redis.xreadgroup(service, "owner", {keys.assignments: ">"}, count=2)
-    assert await gw.finish(done)
-    await gw.record_leases([done, live], 600_000, new=True)
+    assert await gw.assignments.finish(done)
+    await gw.streams.record_leases([done, live], 600_000, new=True)
     assert await redis.zscore(keys.leases, done) is None
     assert await redis.zscore(keys.leases, live) is not None
 
@@ -434,12 +437,18 @@ def _three_steps(redis: Any) -> ClusterMode:
 _REPLACE = "redis.call('DEL', KEYS[1]); return redis.call('SET', KEYS[1], ARGV[1])"
 
 
-class _CannotRelease(Gateway):
+class _CannotRelease(CompletionCommands):
     """Real Redis, but every ``release`` fails: as an owner killed after its assignment
     went and before its lock did."""
 
     async def release(self, *args: Any, **kwargs: Any) -> bool:
         raise RedisUnavailable("injected: release failed")
+
+
+def _gateway_that_cannot_release(*args: Any, **kwargs: Any) -> Gateway:
+    gateway = Gateway(*args, **kwargs)
+    gateway.completion = _CannotRelease(gateway)
+    return gateway
 
 
 @pytest.mark.parametrize("path", ["finished", "dead_lettered"])
@@ -453,7 +462,7 @@ async def test_a_lock_left_after_its_assignment_went_lives_only_the_short_ttl(
     assignment goes, the lock is cut to ``lock_ttl_s`` (docs/design.md#sessions)."""
     import streamjobs.consumer
 
-    monkeypatch.setattr(streamjobs.consumer, "Gateway", _CannotRelease)
+    monkeypatch.setattr(streamjobs.consumer, "Gateway", _gateway_that_cannot_release)
     keys = Keys(service)
     stream = f"d:{uid}"
     producer = Producer(redis, service=service)
@@ -495,7 +504,7 @@ async def test_a_lock_left_after_its_assignment_went_lives_only_the_short_ttl(
 _T = TypeVar("_T")
 
 
-class _LastReplyLost(Gateway):
+class _LastReplyLost(CompletionCommands):
     """Real Redis, but the reply to the call that releases a finished stream's lock
     (``complete`` on one server, ``release`` after seal and finish on a cluster) is
     lost once: the call was carried out, the caller sees a dropped connection."""
@@ -517,6 +526,12 @@ class _LastReplyLost(Gateway):
         return done
 
 
+def _gateway_losing_a_last_reply(*args: Any, **kwargs: Any) -> Gateway:
+    gateway = Gateway(*args, **kwargs)
+    gateway.completion = _LastReplyLost(gateway)
+    return gateway
+
+
 async def test_a_lost_reply_to_the_final_release_still_finishes_the_stream(
     redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory,
     monkeypatch: pytest.MonkeyPatch,
@@ -526,7 +541,7 @@ async def test_a_lost_reply_to_the_final_release_still_finishes_the_stream(
     import streamjobs.consumer
 
     monkeypatch.setattr(_LastReplyLost, "lost", 0)
-    monkeypatch.setattr(streamjobs.consumer, "Gateway", _LastReplyLost)
+    monkeypatch.setattr(streamjobs.consumer, "Gateway", _gateway_losing_a_last_reply)
     keys = Keys(service)
     stream = f"d:{uid}"
     producer = Producer(redis, service=service)

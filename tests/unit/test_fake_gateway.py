@@ -14,6 +14,7 @@ import pytest
 from streamjobs._deadletter import DEAD_AT_FIELD
 from streamjobs._keys import Keys
 from streamjobs._redis import Pending, StreamGateway
+from streamjobs._redis._protocol import AssignmentOps, CompletionOps, LivenessOps, StreamOps
 from streamjobs._wire import FIRST_ID_FIELD, RETRY_FIELD
 from streamjobs.exceptions import InvalidStreamName, NoSuchGroup, RedisUnavailable
 from tests.fakes.gateway import METHODS, FakeGateway, ManualClock
@@ -33,8 +34,11 @@ def fake(clock: ManualClock) -> FakeGateway:
 
 def test_fake_is_a_stream_gateway() -> None:
     gateway: StreamGateway = FakeGateway()  # mypy checks the structural conformance
-    protocol = {n for n in dir(StreamGateway) if not n.startswith("_")}
+    groups = (AssignmentOps, StreamOps, CompletionOps, LivenessOps)
+    protocol = {n for group in groups for n in dir(group) if not n.startswith("_")}
     assert protocol == METHODS
+    for name in ("assignments", "streams", "completion", "liveness"):
+        assert getattr(gateway, name) is gateway, "the fake plays every command group"
     assert all(callable(getattr(gateway, n)) for n in METHODS)
     assert gateway.keys.service == "svc"
 

@@ -54,7 +54,7 @@ async def test_the_gateway_refuses_a_key_without_a_window() -> None:
     try:
         gw = Gateway(client, Keys("svc"))
         with pytest.raises(ConfigurationError) as info:
-            await gw.add_assignment("s", {"stream": "s"}, idempotency_key="k", window_ms=0)
+            await gw.writes.add_assignment("s", {"stream": "s"}, idempotency_key="k", window_ms=0)
         assert info.value.field == "window_ms"
     finally:
         await client.aclose()

@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._redis._boundary import script, translated
-from ._redis._gateway import Gateway
-from ._redis._replies import id_order, raw, sized_entries, text
-from ._session import parse_session_token
+from .._keys import Keys
+from .._session import parse_session_token
+from ._boundary import Core, script, translated
+from ._replies import id_order, raw, sized_entries, text
+from ._scripts import Scripts
 
 CHUNK = 1000
 """Commands per pipeline round trip."""
@@ -103,8 +104,14 @@ def owner_of(token: str | None) -> str:
     return token.rsplit(":", 1)[0] if parsed is None else parsed.consumer
 
 
-class OperatorGateway(Gateway):
+class OperatorCommands:
     """Reads and scripts of the operator tools, for one service."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client: Any = core.client
+        self.keys: Keys = core.keys
+        self.scripts: Scripts = core.scripts
 
     async def _pipelined(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in pipelines of :data:`CHUNK` (no transaction); error
@@ -156,7 +163,8 @@ class OperatorGateway(Gateway):
         for i in range(0, len(replies), 4):
             groups, summary, index, consumers = replies[i : i + 4]
             mine = next(
-                (g for g in _groups(groups) if text(g.get("name", "")) == self.keys.group), None
+                (g for g in _groups(groups) if text(g.get("name", "")) == self.keys.group),
+                None,
             )
             lag = None if mine is None else mine.get("lag")
             oldest = ""
@@ -210,7 +218,11 @@ class OperatorGateway(Gateway):
         start = "-"
         while len(rows) < limit:
             page = await self.client.xpending_range(
-                self.keys.assignments, self.keys.group, start, "+", min(1000, limit - len(rows))
+                self.keys.assignments,
+                self.keys.group,
+                start,
+                "+",
+                min(1000, limit - len(rows)),
             )
             rows.extend(
                 PendingRow(
@@ -284,7 +296,8 @@ class OperatorGateway(Gateway):
         for i in range(0, len(replies), 3):
             holder, ttl, groups = replies[i : i + 3]
             mine = next(
-                (g for g in _groups(groups) if text(g.get("name", "")) == self.keys.group), None
+                (g for g in _groups(groups) if text(g.get("name", "")) == self.keys.group),
+                None,
             )
             lag = None if mine is None else mine.get("lag")
             rows.append(
@@ -350,7 +363,7 @@ class OperatorGateway(Gateway):
 
     @translated
     async def dlq_length(self) -> int:
-        return int(await self.client.xlen(self.dlq))
+        return int(await self.client.xlen(self.core.dlq))
 
     @translated
     async def dlq_page(
@@ -358,9 +371,9 @@ class OperatorGateway(Gateway):
     ) -> list[tuple[str, dict[str, str]]]:
         """One XRANGE (or XREVRANGE from ``start`` down to ``end``) page of the DLQ."""
         if reverse:
-            reply = await self.client.xrevrange(self.dlq, start, end, count=count)
+            reply = await self.client.xrevrange(self.core.dlq, start, end, count=count)
         else:
-            reply = await self.client.xrange(self.dlq, start, end, count=count)
+            reply = await self.client.xrange(self.core.dlq, start, end, count=count)
         entries, _ = sized_entries(reply)
         return entries
 
@@ -369,7 +382,7 @@ class OperatorGateway(Gateway):
         """XDEL ids from the DLQ; returns how many existed."""
         if not ids:
             return 0
-        return int(await self.client.xdel(self.dlq, *ids))
+        return int(await self.client.xdel(self.core.dlq, *ids))
 
     @script
     async def replay_assignment(
@@ -379,7 +392,7 @@ class OperatorGateway(Gateway):
         is gone (replayed or purged already)."""
         flat = raw([x for pair in fields for x in pair])
         r = await self.scripts.replay_assignment(
-            keys=[self.dlq, self.keys.assignments, self.keys.active],
+            keys=[self.core.dlq, self.keys.assignments, self.keys.active],
             args=[dead_letter_id, stream, *flat],
         )
         return None if r is None else text(r)
@@ -404,12 +417,17 @@ class OperatorGateway(Gateway):
                 the group read before is not this job's end.
             marker_ttl_ms: how long each dead letter's replay marker is kept.
         """
-        from ._wire import EOS_FIELD, EOS_VALUE
+        from .._wire import EOS_FIELD, EOS_VALUE
 
-        keys = [stream, self.keys.lock(stream), self.keys.cancel(stream), self.keys.ended(stream)]
+        keys = [
+            stream,
+            self.keys.lock(stream),
+            self.keys.cancel(stream),
+            self.keys.ended(stream),
+        ]
         args: list[Any] = [
             self.keys.group, marker_ttl_ms, "run" if run else "", EOS_FIELD, EOS_VALUE,
-            self.max_copy_values,
+            self.core.max_copy_values,
         ]  # fmt: skip
         for dead_letter_id, fields in letters:
             keys.append(self.keys.replayed(stream, dead_letter_id))
