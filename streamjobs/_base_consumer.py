@@ -16,8 +16,12 @@ from typing import Any, ClassVar, Generic, Protocol, Self, final
 import anyio
 import anyio.abc
 
-from ._checks import check_subclass
+from ._checks import check_block, check_client, check_cluster_mode, check_subclass
+from ._keys import Keys
+from ._lifecycle import Lifecycle
+from ._redis._gateway import Gateway
 from ._stats import ConsumerStatistics
+from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
 from .message import F, Message
 
 Probe = Callable[[], tuple[bool, str]]
@@ -29,14 +33,12 @@ class ConsumerRuntime(Protocol):
     service: str
     name: str
     client: Any
+    life: Lifecycle
+    """Its runs: start, stop, readiness, ``async with`` (the same for every kind)."""
 
     def health(self) -> tuple[bool, str]: ...
     def readiness(self) -> tuple[bool, str]: ...
     def statistics(self) -> ConsumerStatistics: ...
-    async def wait_ready(self) -> None: ...
-    async def aclose(self) -> None: ...
-    async def enter(self, run: Callable[..., Awaitable[None]]) -> None: ...
-    async def exit(self) -> None: ...
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None: ...
 
 
@@ -122,7 +124,7 @@ class BaseConsumer(abc.ABC, Generic[F]):
     async def wait_ready(self) -> None:
         """Wait until :meth:`run` has started all its loops (a ``GroupConsumer`` has
         also joined the group on every stream, or tried for one session TTL)."""
-        await self.__runtime.wait_ready()
+        await self.__runtime.life.wait_ready()
 
     @final
     async def aclose(self) -> None:
@@ -133,16 +135,16 @@ class BaseConsumer(abc.ABC, Generic[F]):
         back every unfinished stream, a ``GroupConsumer`` acknowledges what it handled
         and leaves what it read but did not handle to the other members.
         """
-        await self.__runtime.aclose()
+        await self.__runtime.life.aclose()
 
     @final
     async def __aenter__(self) -> Self:
-        await self.__runtime.enter(self.run)
+        await self.__runtime.life.enter(self.run)
         return self
 
     @final
     async def __aexit__(self, *exc: object) -> None:
-        await self.__runtime.exit()
+        await self.__runtime.life.exit()
 
     @final
     async def run(
@@ -155,6 +157,36 @@ class BaseConsumer(abc.ABC, Generic[F]):
             HookFailed: ``on_startup`` or ``on_shutdown`` raised.
         """
         await self.__runtime.run(task_status)
+
+
+def settings(
+    redis: Any,
+    config: ConsumerConfig | None,
+    recovery: RecoveryConfig | None,
+    cluster_mode: ClusterMode,
+) -> tuple[ConsumerConfig, RecoveryConfig]:
+    """The settings a consumer of either kind runs with: the defaults where none were
+    given (``min_idle_s`` from the lock TTL), checked against each other and against
+    the client (its decoding, its socket timeout, the cluster mode)."""
+    config = config or ConsumerConfig()
+    recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
+    recovery.check_against(config)
+    check_client(redis)
+    check_block(redis, config)
+    check_cluster_mode(redis, cluster_mode)
+    return config, recovery
+
+
+def service_gateway(
+    redis: Any, keys: Keys, recovery: RecoveryConfig, fields_type: type[str] | type[bytes]
+) -> Gateway:
+    """The gateway of a consumer of either kind: its dead-letter stream checked, and
+    data entries read as ``fields_type``."""
+    if recovery.dlq_stream is not None:
+        keys.check_dlq_name(recovery.dlq_stream)
+    gateway = Gateway(redis, keys, dlq=recovery.dlq_stream, dlq_maxlen=recovery.dlq_maxlen)
+    gateway.raw_fields = fields_type is bytes
+    return gateway
 
 
 def probes(consumer: BaseConsumer[Any]) -> tuple[Probe, Probe]:

@@ -103,9 +103,12 @@ def check_cluster_mode(redis: Any, cluster_mode: ClusterMode) -> None:
         )
 
 
-def check_consumer_name(name: str) -> None:
+def consumer_name_of(given: str | None) -> str:
+    """The consumer's name: ``given``, or ``host-pid-random``; non-empty, no whitespace."""
+    name = given or default_consumer_name()
     if not name or any(c.isspace() for c in name):
         raise ConfigurationError("consumer_name", "must be non-empty, without whitespace")
+    return name
 
 
 @dataclass(frozen=True, slots=True)

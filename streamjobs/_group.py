@@ -12,24 +12,20 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import anyio
 import anyio.abc
 
 from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._group_lane import Lane, log, log_group_failure
-from ._lifecycle import Lifecycle
-from ._pipeline import BaseHooks, EntryPipeline
+from ._kind_runtime import KindRuntime, Parts
 from ._redis._boundary import translate
 from ._redis._channel import Channel
 from ._redis._gateway import Gateway
-from ._stats import ConsumerStatistics, Tally
 from ._waiter import Waiter
-from .config import ConsumerConfig, GroupRetention, RecoveryConfig
+from .config import GroupRetention
 from .exceptions import RedisUnavailable
-from .metrics import MetricsRecorder
 
 RECLAIM_INTERVAL_S = 0.5
 """Mean pause between two reclaim passes of a consumer (jittered by a quarter either
@@ -40,50 +36,30 @@ FORGET_AFTER_S = 3600.0
 (``streamjobs status`` shows it), before it leaves the index and the group."""
 
 
-class GroupRuntime:
+class GroupRuntime(KindRuntime):
     """Everything a running :class:`~streamjobs.GroupConsumer` holds."""
 
     def __init__(
         self,
-        hooks: BaseHooks,
-        gateway: Gateway,
+        parts: Parts,
         *,
-        client: Any,
-        name: str,
         streams: Sequence[str],
         start_id: str,
-        config: ConsumerConfig,
-        recovery: RecoveryConfig,
-        metrics: MetricsRecorder,
         cluster: bool,
         retention: GroupRetention,
     ) -> None:
-        self.hooks = hooks
-        self.gateway = gateway
-        self.client = client
-        self.name = name
-        self.service = gateway.keys.service
+        super().__init__(parts)
+        gateway: Gateway = parts.gateway
+        client, config, recovery = parts.client, parts.config, parts.recovery
+        self.gateway: Gateway = gateway
         self.group = gateway.keys.group
         self.streams = tuple(streams)
         self.start_id = start_id
-        self.config = config
-        self.recovery = recovery
-        self.tally = Tally(metrics)
-        self.metrics: MetricsRecorder = self.tally
         self.cluster = cluster
         self.retention = retention
         self.raw = gateway.raw_fields
         self.ttl_s = config.lock_ttl_s
         self.ttl_ms = max(1, int(config.lock_ttl_s * 1000))
-        self.pipeline = EntryPipeline(
-            hooks.handle,
-            config=config,
-            metrics=self.metrics,
-            service=self.service,
-            consumer=name,
-            group=self.group,
-            dead_letters=gateway.assignments,
-        )
         self.lanes: list[Lane] = []
         # The shared idle wait, as for StreamConsumer: one blocking read for every idle
         # stream (per 1,250 of them) on a standalone server; on a cluster, keyspace
@@ -95,11 +71,10 @@ class GroupRuntime:
             cluster=cluster,
             block_ms=config.read_block_ms,
             streams=len(self.streams),
-            metrics=metrics,
+            metrics=self.metrics,
             service=self.service,
             configure_flags=recovery.configure_keyspace_events,
         )
-        self.life = Lifecycle(hooks)
 
     def health(self) -> tuple[bool, str]:
         """Alive: running, and Redis answered within two session TTLs."""
@@ -119,29 +94,9 @@ class GroupRuntime:
             return False, f"no live member on {len(missing)} stream(s), e.g. {missing[0]!r}"
         return True, f"reading {len(self.lanes)} stream(s)"
 
-    def statistics(self) -> ConsumerStatistics:
-        return self.tally.statistics(
-            service=self.service,
-            consumer=self.name,
-            running=self.life.started,
-            healthy=self.health()[0],
-            ready=self.readiness()[0],
-            owned_streams=sum(1 for lane in self.lanes if not lane.dead),
-            in_flight_handlers=sum(1 for lane in self.lanes if lane.handling),
-            last_redis_ok=self.gateway.last_ok,
-        )
-
-    async def wait_ready(self) -> None:
-        await self.life.wait_ready()
-
-    async def aclose(self) -> None:
-        await self.life.aclose()
-
-    async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
-        await self.life.enter(run)
-
-    async def exit(self) -> None:
-        await self.life.exit()
+    def held(self) -> tuple[int, int]:
+        lanes = self.lanes
+        return sum(1 for lane in lanes if not lane.dead), sum(1 for lane in lanes if lane.handling)
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with self.life.running():

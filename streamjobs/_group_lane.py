@@ -27,7 +27,7 @@ from ._deadletter import GROUP_FIELD, REASON_FIELD, Pairs, entry_dead_letter
 from ._dlq_reason import DeadLetterReason
 from ._guard import log_failure
 from ._idle import IdleWait
-from ._pipeline import Admit, EntryPipeline
+from ._pipeline import Admit, EntryPipeline, Failed, GiveUp
 from ._redis._boundary import translate
 from ._redis._gateway import Gateway
 from ._redis._replies import text_fields
@@ -380,10 +380,13 @@ class Lane:
             for k, v in self.dead_letter(
                 entry_id,
                 text_fields(fields),
-                0,
-                f"begun {self.restarts} times after a consumer died or stopped holding it, "
-                "never acknowledged: it may be killing its consumers",
-                None,
+                Failed(
+                    0,
+                    GiveUp(
+                        f"begun {self.restarts} times after a consumer died or stopped "
+                        "holding it, never acknowledged: it may be killing its consumers"
+                    ),
+                ),
             )
         ]
         if not await rt.pipeline.dead_letter(self, entry_id, letter, reason, fields):
@@ -409,23 +412,16 @@ class Lane:
     def log_extra(self) -> dict[str, str]:
         return self.extra
 
-    def dead_letter(
-        self,
-        entry_id: str,
-        fields: dict[str, str],
-        attempts: int,
-        error: str,
-        rejected: str | None,
-    ) -> Pairs:
+    def dead_letter(self, entry_id: str, fields: dict[str, str], failed: Failed) -> Pairs:
         letter = entry_dead_letter(
             fields,
             stream=self.stream,
             entry_id=entry_id,
             retry_count=self.restarts,
-            attempts=attempts,
+            attempts=failed.attempts,
             owner=self.member,
-            error=error,
-            rejected=rejected,
+            error=failed.step.error,
+            rejected=failed.step.rejected,
         )
         letter.append((GROUP_FIELD, self.host.group))
         return letter

@@ -31,6 +31,7 @@ import anyio.to_thread
 from ._backoff import Backoff
 from ._deadletter import Pairs, entry_dead_letter
 from ._guard import log_failure
+from ._pipeline import Failed
 from ._redis._replies import DataEntry, text_fields
 from ._stream_acquire import Acquisition
 from ._stream_end import StreamEnd
@@ -370,23 +371,16 @@ class OwnedStream:
     def holds(self) -> bool:
         return not self.s.lost
 
-    def dead_letter(
-        self,
-        entry_id: str,
-        fields: dict[str, str],
-        attempts: int,
-        error: str,
-        rejected: str | None,
-    ) -> Pairs:
+    def dead_letter(self, entry_id: str, fields: dict[str, str], failed: Failed) -> Pairs:
         return entry_dead_letter(
             fields,
             stream=self.s.stream,
             entry_id=entry_id,
             retry_count=self.s.assignment.retry_count,
-            attempts=attempts,
+            attempts=failed.attempts,
             owner=self.s.host.name,
-            error=error,
-            rejected=rejected,
+            error=failed.step.error,
+            rejected=failed.step.rejected,
             info=self.s.assignment.info,
             job=self.s.assignment.job,
         )

@@ -165,6 +165,14 @@ async def _call_within(
 # -- what a consumer kind supplies, per stream ---------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Why an entry is dead-lettered: after ``attempts`` calls, as ``step`` gave up."""
+
+    attempts: int
+    step: GiveUp
+
+
 class Admit(enum.Enum):
     """A kind's verdict on one entry before its ``handle()`` call (:class:`Seat`)."""
 
@@ -234,14 +242,7 @@ class Seat(Protocol):
     async def pause(self, delay_s: float) -> bool:
         """Sleep ``delay_s``; False if a stop or a loss ended it early."""
 
-    def dead_letter(
-        self,
-        entry_id: str,
-        fields: dict[str, str],
-        attempts: int,
-        error: str,
-        rejected: str | None,
-    ) -> Pairs:
+    def dead_letter(self, entry_id: str, fields: dict[str, str], failed: Failed) -> Pairs:
         """The fields of the entry's dead letter (``_deadletter.entry_dead_letter``)."""
 
     async def flush(self) -> None:
@@ -409,9 +410,7 @@ class EntryPipeline:
                     if step.rejected is None
                     else DeadLetterReason.REJECTED
                 )
-                letter = seat.dead_letter(
-                    entry_id, text_fields(fields), attempt, step.error, step.rejected
-                )
+                letter = seat.dead_letter(entry_id, text_fields(fields), Failed(attempt, step))
                 if not await self.dead_letter(seat, entry_id, letter, reason, fields):
                     return None
                 self._count(EntryOutcome.DEAD_LETTERED, started)

@@ -22,7 +22,7 @@ unlocked) in a shielded, bounded step.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
@@ -33,8 +33,8 @@ from ._cluster_waiter import ClusterWaiter, idle_wait
 from ._coalesce import Coalescer
 from ._guard import LoopGuard, log_failure
 from ._intake import Intake
-from ._lifecycle import Lifecycle
-from ._pipeline import EntryPipeline, Hooks
+from ._kind_runtime import KindRuntime, Parts
+from ._pipeline import Hooks
 from ._recovery import Recoverer
 from ._recovery_loops import RecoveryLoops
 from ._redis._admin import eviction_policies
@@ -43,17 +43,16 @@ from ._redis._channel import Channel
 from ._redis._gateway import Gateway
 from ._redis._protocol import StreamGateway
 from ._runtime_liveness import Heartbeat, log
-from ._stats import ConsumerStatistics, Tally
 from ._stream_state import CLEANUP_TIMEOUT_S, OwnedStreamState
 from ._waiter import Waiter
-from .config import ClusterMode, ConsumerConfig, RecoveryConfig
+from .config import ClusterMode
 from .exceptions import (
     ConfigurationError,
     PermissionDenied,
     RedisUnavailable,
     StreamJobsError,
 )
-from .metrics import MetricsRecorder, NullRecorder, RequeueOutcome, complete
+from .metrics import NullRecorder, RequeueOutcome
 
 PULSE_S = 1.0
 """How often the pulse loop turns, and how long Redis may be silent before a PING."""
@@ -65,51 +64,28 @@ START_UP_RETRY_S = 15.0
 """How long start-up is tried again while Redis is unavailable before ``run()`` raises."""
 
 
-class Runtime:
+class Runtime(KindRuntime):
     """One running consumer: its state, what its streams call on it (the ``Host`` of
     ``_stream_state``), its public operations, start-up, the task group and the
     two-phase shutdown. Its intake and liveness are collaborators it holds
     (``_intake.Intake``, ``_runtime_liveness.Heartbeat``). Constructing it does no I/O.
 
     Args:
-        hooks: the user's ``handle()`` and hooks.
-        gateway: the Redis commands (or a fake of them).
-        client: the Redis client, for keyspace subscriptions (unused in PROXY mode).
-        name: the consumer's name in the consumer groups.
+        parts: the hooks (a ``StreamConsumer``: ``Hooks``), the gateway, the client
+            (for keyspace subscriptions; unused in PROXY mode), the name, the settings
+            and the recorder.
+        cluster_mode: how the Redis deployment is laid out.
     """
 
-    def __init__(
-        self,
-        hooks: Hooks,
-        gateway: StreamGateway,
-        *,
-        client: Any,
-        name: str,
-        config: ConsumerConfig,
-        recovery: RecoveryConfig,
-        cluster_mode: ClusterMode,
-        metrics: MetricsRecorder,
-    ) -> None:
-        self.hooks = hooks
-        self.gateway = gateway
-        self.client = client
-        self.config = config
-        self.tally = Tally(complete(metrics))
-        self.metrics: MetricsRecorder = self.tally
+    def __init__(self, parts: Parts, *, cluster_mode: ClusterMode) -> None:
+        super().__init__(parts)
+        self.hooks: Hooks = parts.hooks
+        gateway: StreamGateway = parts.gateway
+        client, name, config, recovery = parts.client, parts.name, parts.config, parts.recovery
+        metrics = parts.metrics
         # Sampling the queue is for a recorder's gauges: not done for the default one.
         self._sampled = type(metrics) is not NullRecorder
-        self.name = name
-        self.service = gateway.keys.service
         self.cluster_mode = cluster_mode
-        self.pipeline = EntryPipeline(
-            hooks.handle,
-            config=config,
-            metrics=self.metrics,
-            service=self.service,
-            consumer=name,
-            group=gateway.keys.group,
-            dead_letters=gateway.assignments,
-        )
         self.recoverer = Recoverer(
             gateway,
             max_retries=recovery.max_retries,
@@ -147,7 +123,6 @@ class Runtime:
             else None
         )
         self._draining = False
-        self.life = Lifecycle(hooks)
         self.heartbeat = Heartbeat(self)
         self.intake = Intake(self, self.heartbeat)
         self._pulse_at = 0.0  # monotonic time of the pulse loop's last turn
@@ -228,18 +203,8 @@ class Runtime:
             return False, "the assignment stream's consumer group does not exist"
         return True, "ready"
 
-    def statistics(self) -> ConsumerStatistics:
-        last_ok = getattr(self.gateway, "last_ok", None)
-        return self.tally.statistics(
-            service=self.service,
-            consumer=self.name,
-            running=self.life.started,
-            healthy=self.health()[0],
-            ready=self.readiness()[0],
-            owned_streams=len(self.owned_streams()),
-            in_flight_handlers=sum(1 for o in self.intake.streams if o.handling),
-            last_redis_ok=last_ok,
-        )
+    def held(self) -> tuple[int, int]:
+        return len(self.owned_streams()), sum(1 for o in self.intake.streams if o.handling)
 
     def finish(self, stream: str) -> None:
         owned = self.owned.get(stream)
@@ -257,12 +222,6 @@ class Runtime:
 
     async def aclose(self) -> None:
         await self.life.aclose()
-
-    async def enter(self, run: Callable[..., Awaitable[None]]) -> None:
-        await self.life.enter(run)
-
-    async def exit(self) -> None:
-        await self.life.exit()
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with self.life.running():

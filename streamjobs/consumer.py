@@ -10,21 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, final
 
-from ._base_consumer import BaseConsumer
-from ._checks import (
-    PoolNeed,
-    check_block,
-    check_client,
-    check_cluster_mode,
-    check_consumer_name,
-    check_pool,
-    default_consumer_name,
-)
+from ._base_consumer import BaseConsumer, service_gateway, settings
+from ._checks import PoolNeed, check_pool, consumer_name_of
 from ._keys import Keys
-from ._redis._gateway import Gateway
+from ._kind_runtime import Parts
 from ._runtime import Runtime
 from ._waiter import shard_count
-from .config import ClusterMode, ConsumerConfig, RecoveryConfig, default_min_idle_s
+from .config import ClusterMode, ConsumerConfig, RecoveryConfig
 from .message import F
 from .metrics import MetricsRecorder, NullRecorder, RequeueOutcome
 
@@ -89,30 +81,14 @@ class StreamConsumer(BaseConsumer[F]):
         metrics: MetricsRecorder | None = None,
         consumer_name: str | None = None,
     ) -> None:
-        config = config or ConsumerConfig()
-        recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
-        recovery.check_against(config)
-        check_client(redis)
-        check_block(redis, config)
+        config, recovery = settings(redis, config, recovery, cluster_mode)
         check_pool(redis, _pool_need(config, cluster_mode))
-        check_cluster_mode(redis, cluster_mode)
         keys = Keys(service, config.key_prefix)
-        if recovery.dlq_stream is not None:
-            keys.check_dlq_name(recovery.dlq_stream)
-        name = consumer_name or default_consumer_name()
-        check_consumer_name(name)
-        gateway = Gateway(redis, keys, dlq=recovery.dlq_stream, dlq_maxlen=recovery.dlq_maxlen)
-        gateway.raw_fields = type(self).fields_type is bytes
-        runtime = Runtime(
-            self,
-            gateway,
-            client=redis,
-            name=name,
-            config=config,
-            recovery=recovery,
-            cluster_mode=cluster_mode,
-            metrics=metrics or NullRecorder(),
-        )
+        gateway = service_gateway(redis, keys, recovery, type(self).fields_type)
+        name = consumer_name_of(consumer_name)
+        metrics = metrics or NullRecorder()
+        parts = Parts(self, gateway, redis, name, config, recovery, metrics)
+        runtime = Runtime(parts, cluster_mode=cluster_mode)
         super().__init__(runtime)
 
     # -- the subclass contract -------------------------------------------------------

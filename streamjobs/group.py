@@ -19,30 +19,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, final
 
-from ._base_consumer import BaseConsumer
-from ._checks import (
-    PoolNeed,
-    check_block,
-    check_client,
-    check_cluster_mode,
-    check_consumer_name,
-    check_pool,
-    default_consumer_name,
-)
+from ._base_consumer import BaseConsumer, service_gateway, settings
+from ._checks import PoolNeed, check_pool, consumer_name_of
 from ._group import GroupRuntime
 from ._keys import Keys
-from ._redis._gateway import Gateway
+from ._kind_runtime import Parts
 from ._waiter import shard_count
 from .config import (
     ClusterMode,
     ConsumerConfig,
     GroupRetention,
     RecoveryConfig,
-    default_min_idle_s,
 )
 from .exceptions import ConfigurationError
 from .message import F
-from .metrics import MetricsRecorder, NullRecorder, complete
+from .metrics import MetricsRecorder, NullRecorder
 
 _START_IDS = ("0", "$")
 
@@ -119,15 +110,10 @@ class GroupConsumer(BaseConsumer[F]):
         consumer_name: str | None = None,
         retention: GroupRetention | None = None,
     ) -> None:
-        config = config or ConsumerConfig()
         retention = GroupRetention() if retention is None else retention
         if not isinstance(retention, GroupRetention):
             raise ConfigurationError("retention", "must be a GroupRetention")
-        recovery = recovery or RecoveryConfig(min_idle_s=default_min_idle_s(config.lock_ttl_s))
-        recovery.check_against(config)
-        check_client(redis)
-        check_block(redis, config)
-        check_cluster_mode(redis, cluster_mode)
+        config, recovery = settings(redis, config, recovery, cluster_mode)
         names = type(self).streams if streams is None else streams
         if isinstance(names, str | bytes):
             raise ConfigurationError("streams", "must be a sequence of stream names, not one name")
@@ -147,23 +133,13 @@ class GroupConsumer(BaseConsumer[F]):
             if not isinstance(stream, str):
                 raise ConfigurationError("streams", f"holds {stream!r}, not a stream name")
             keys.check_data_stream(stream)
-        if recovery.dlq_stream is not None:
-            keys.check_dlq_name(recovery.dlq_stream)
+        gateway = service_gateway(redis, keys, recovery, type(self).fields_type)
         check_pool(redis, _pool_need(config, len(chosen), cluster_mode is not ClusterMode.NONE))
-        name = consumer_name or default_consumer_name()
-        check_consumer_name(name)
-        gateway = Gateway(redis, keys, dlq=recovery.dlq_stream, dlq_maxlen=recovery.dlq_maxlen)
-        gateway.raw_fields = type(self).fields_type is bytes
+        name = consumer_name_of(consumer_name)
         runtime = GroupRuntime(
-            self,
-            gateway,
-            client=redis,
-            name=name,
+            Parts(self, gateway, redis, name, config, recovery, metrics or NullRecorder()),
             streams=chosen,
             start_id=start_id,
-            config=config,
-            recovery=recovery,
-            metrics=NullRecorder() if metrics is None else complete(metrics),
             cluster=cluster_mode is not ClusterMode.NONE,
             retention=retention,
         )

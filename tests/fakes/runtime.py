@@ -28,6 +28,7 @@ from streamjobs import (
     NullRecorder,
     RecoveryConfig,
 )
+from streamjobs._kind_runtime import Parts
 from streamjobs._runtime import Runtime
 from streamjobs.metrics import StreamEvent
 from tests.fakes.gateway import FakeGateway, ManualClock
@@ -142,16 +143,8 @@ def make_runtime(
 ) -> Runtime:
     """A runtime on ``fake`` (``cluster_mode`` NONE: streams complete in one call, as
     on one server; the default, PROXY: in three, as on a cluster)."""
-    return Runtime(
-        hooks,
-        fake,
-        client=None,
-        name=name,
-        config=config,
-        recovery=recovery,
-        cluster_mode=cluster_mode,
-        metrics=metrics or RecordingMetrics(),
-    )
+    parts = Parts(hooks, fake, None, name, config, recovery, metrics or RecordingMetrics())
+    return Runtime(parts, cluster_mode=cluster_mode)
 
 
 class Running:

@@ -1,4 +1,4 @@
-"""The stateful model of issue 21 ("correct at the seams"), run over two worlds.
+"""The stateful model of where features meet (the seams), run over two worlds.
 
 :class:`SeamsModel` is a hypothesis ``RuleBasedStateMachine`` that drives two consumers
 (real ``Runtime`` objects, each ``run()`` again after a stop or a kill) through
@@ -10,8 +10,8 @@ consumer no longer holds), and one injected failure of any recovery, release or
 finishing call.
 
 The world they run in is a :class:`World`: :class:`FakeWorld` (the in-memory gateway,
-tests/unit/test_seams_model.py) or :class:`RedisWorld` (real Redis and the real
-scripts, tests/integration/test_seams_model_redis.py).
+tests/model/test_seams_model.py) or :class:`RedisWorld` (real Redis and the real
+scripts, tests/model/test_seams_model_redis.py).
 
 After every step:
 
@@ -61,6 +61,7 @@ from streamjobs import (
     _stream_state,
 )
 from streamjobs._keys import Keys
+from streamjobs._kind_runtime import Parts
 from streamjobs._redis import Gateway
 from streamjobs._runtime import Runtime
 from streamjobs.exceptions import RedisUnavailable
@@ -416,16 +417,16 @@ class SeamsModel(RuleBasedStateMachine):
         config = dataclasses.replace(CONFIG, liveness=self.liveness)
 
         def build(consumer: str) -> Runtime:  # in the event loop: it makes anyio objects
-            return Runtime(
+            parts = Parts(
                 _Hooks(self, consumer),
                 self.views[consumer],
-                client=self.world.client,
-                name=consumer,
-                config=config,
-                recovery=RECOVERY,
-                cluster_mode=self.world.cluster_mode,
-                metrics=RecordingMetrics(),
+                self.world.client,
+                consumer,
+                config,
+                RECOVERY,
+                RecordingMetrics(),
             )
+            return Runtime(parts, cluster_mode=self.world.cluster_mode)
 
         self.runtimes = {c: self.portal.call(build, c) for c in CONSUMERS}
         self.running: dict[str, Running | None] = dict.fromkeys(CONSUMERS)
