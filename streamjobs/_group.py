@@ -23,6 +23,7 @@ from ._kind_runtime import KindRuntime, Parts
 from ._redis._boundary import translate
 from ._redis._channel import Channel
 from ._redis._gateway import Gateway
+from ._redis._protocol import GroupGateway
 from ._waiter import Waiter
 from .config import GroupRetention
 from .exceptions import RedisUnavailable
@@ -49,9 +50,9 @@ class GroupRuntime(KindRuntime):
         retention: GroupRetention,
     ) -> None:
         super().__init__(parts)
-        gateway: Gateway = parts.gateway
+        gateway: GroupGateway = parts.gateway
         client, config, recovery = parts.client, parts.config, parts.recovery
-        self.gateway: Gateway = gateway
+        self.gateway: GroupGateway = gateway
         self.group = gateway.keys.group
         self.streams = tuple(streams)
         self.start_id = start_id
@@ -65,16 +66,18 @@ class GroupRuntime(KindRuntime):
         # stream (per 1,250 of them) on a standalone server; on a cluster, keyspace
         # events on one subscription per primary. Where that cannot serve (a primary
         # refusing the flags), idle streams read again every read_block_ms.
-        self.waiter: Waiter | ClusterWaiter = idle_wait(
-            client,
-            gateway,
-            cluster=cluster,
-            block_ms=config.read_block_ms,
-            streams=len(self.streams),
-            metrics=self.metrics,
-            service=self.service,
-            configure_flags=recovery.configure_keyspace_events,
-        )
+        self.waiter: Waiter | ClusterWaiter | None = None
+        if isinstance(gateway, Gateway):  # (the in-memory fake has no client to wait on)
+            self.waiter = idle_wait(
+                client,
+                gateway,
+                cluster=cluster,
+                block_ms=config.read_block_ms,
+                streams=len(self.streams),
+                metrics=self.metrics,
+                service=self.service,
+                configure_flags=recovery.configure_keyspace_events,
+            )
 
     def health(self) -> tuple[bool, str]:
         """Alive: running, and Redis answered within two session TTLs."""
@@ -103,8 +106,10 @@ class GroupRuntime(KindRuntime):
             # As StreamConsumer's: commands of all lanes share one connection per node
             # (the command channel), and what goes outside it holds one of
             # redis_concurrency slots, so connections grow with nodes, not streams.
-            self.gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
-            self.gateway.scripts.channel = Channel(self.gateway.client)
+            gateway = self.gateway
+            if isinstance(gateway, Gateway):
+                gateway.limiter = anyio.CapacityLimiter(self.config.redis_concurrency)
+                gateway.scripts.channel = Channel(gateway.client)
             try:
                 await self.gateway.assignments.load_scripts()
             except Exception as exc:
@@ -115,7 +120,8 @@ class GroupRuntime(KindRuntime):
             await self.life.hook("on_startup")
             self.lanes = [Lane(self, stream) for stream in self.streams]
             async with anyio.create_task_group() as loops:
-                await loops.start(self.waiter.run)
+                if self.waiter is not None:
+                    await loops.start(self.waiter.run)
                 async with anyio.create_task_group() as lanes:
                     for lane in self.lanes:
                         lanes.start_soon(lane.run)

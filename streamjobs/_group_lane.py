@@ -29,7 +29,7 @@ from ._guard import log_failure
 from ._idle import IdleWait
 from ._pipeline import Admit, EntryPipeline, Failed, GiveUp
 from ._redis._boundary import translate
-from ._redis._gateway import Gateway
+from ._redis._protocol import GroupGateway
 from ._redis._replies import text_fields
 from .config import ConsumerConfig, RecoveryConfig
 from .exceptions import NoSuchGroup
@@ -56,14 +56,14 @@ def log_group_failure(what: str, exc: BaseException, delay_s: float) -> None:
 class LaneHost(Protocol):
     """The group consumer's runtime, as one of its lanes sees it."""
 
-    gateway: Gateway
+    gateway: GroupGateway
     metrics: MetricsRecorder
     pipeline: EntryPipeline
     config: ConsumerConfig
     recovery: RecoveryConfig
 
     @property
-    def waiter(self) -> IdleWait: ...
+    def waiter(self) -> IdleWait | None: ...
 
     service: str
     group: str
@@ -309,10 +309,10 @@ class Lane:
             if self.stopping or self.dead or self.history:
                 return
             block_s = self.host.config.read_block_ms / 1000
-            if not waiter.usable:
-                # A cluster primary refused the keyspace flags: no event will come,
-                # so the stream reads again every read_block_ms (no connection of its
-                # own per idle stream: the pool stays bounded).
+            if waiter is None or not waiter.usable:
+                # No shared idle wait (a cluster primary refused the keyspace flags, or
+                # an in-memory gateway): the stream reads again every read_block_ms (no
+                # connection of its own per idle stream: the pool stays bounded).
                 await asyncio.wait({self._idle_wake}, timeout=block_s)
                 return
             timeout_s = waiter.idle_timeout_s(self.stream, block_s)

@@ -8,11 +8,11 @@ kind adds how it reads and what it holds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from ._keys import Keys
 from ._lifecycle import Lifecycle
-from ._pipeline import BaseHooks, EntryPipeline
-from ._redis._protocol import StreamGateway
+from ._pipeline import BaseHooks, DeadLetterSink, EntryPipeline
 from ._stats import ConsumerStatistics, Tally
 from .config import ConsumerConfig, RecoveryConfig
 from .metrics import MetricsRecorder, complete
@@ -40,12 +40,23 @@ class Parts:
     metrics: MetricsRecorder
 
 
+class _Gateway(Protocol):
+    """What the shared part uses of either kind's gateway."""
+
+    @property
+    def keys(self) -> Keys: ...
+    @property
+    def assignments(self) -> DeadLetterSink: ...
+
+
 class KindRuntime:
     """The part of a running consumer that both kinds share. Constructing it does no I/O."""
 
+    gateway: _Gateway
+
     def __init__(self, parts: Parts) -> None:
         hooks: BaseHooks = parts.hooks
-        gateway: StreamGateway = parts.gateway
+        gateway: _Gateway = parts.gateway
         name, config = parts.name, parts.config
         self.hooks = hooks
         self.gateway = gateway

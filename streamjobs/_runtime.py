@@ -81,6 +81,7 @@ class Runtime(KindRuntime):
         super().__init__(parts)
         self.hooks: Hooks = parts.hooks
         gateway: StreamGateway = parts.gateway
+        self.gateway: StreamGateway = gateway
         client, name, config, recovery = parts.client, parts.name, parts.config, parts.recovery
         metrics = parts.metrics
         # Sampling the queue is for a recorder's gauges: not done for the default one.

@@ -9,7 +9,7 @@ every redis-py error leaves here translated.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from redis.exceptions import NoScriptError
 
@@ -20,6 +20,7 @@ from ._boundary import (
     channelled_command,
     translate,
 )
+from ._protocol import GroupEntry, GroupRead, Reclaimed
 from ._replies import (
     _stream_entries,
     raw_sized_entries,
@@ -27,31 +28,7 @@ from ._replies import (
     text,
 )
 
-GroupEntry = tuple[str, Any]
-"""``(id, fields)``; fields are None for an entry still pending but no longer in the
-stream (trimmed or deleted)."""
-
 _NO_ENTRIES: list[GroupEntry] = []
-
-
-class GroupRead(NamedTuple):
-    """What :meth:`GroupCommands.ack_and_read` got."""
-
-    refused: bool
-    """The acknowledgement was refused: the member is dead (nothing acknowledged, and
-    what the read delivered to it is another member's to reclaim)."""
-    entries: list[GroupEntry]
-    newest: str
-    """The id of the stream's newest entry (``0-0``: empty), for the idle wait."""
-
-
-class Reclaimed(NamedTuple):
-    """What one reclaim pass (:meth:`GroupCommands.reclaim`) did."""
-
-    alive: bool
-    """False: the reclaiming member is dead (nothing claimed)."""
-    ids: list[str]
-    """The entries claimed for the reclaiming member (read them next)."""
 
 
 class GroupCommands:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from .._deadletter import (
     Pairs,
@@ -19,6 +19,31 @@ from ._replies import (
     RawFields,
     ReadReply,
 )
+
+GroupEntry = tuple[str, Any]
+"""``(id, fields)``; fields are None for an entry still pending but no longer in the
+stream (trimmed or deleted)."""
+
+
+class GroupRead(NamedTuple):
+    """What :meth:`GroupCommands.ack_and_read` got."""
+
+    refused: bool
+    """The acknowledgement was refused: the member is dead (nothing acknowledged, and
+    what the read delivered to it is another member's to reclaim)."""
+    entries: list[GroupEntry]
+    newest: str
+    """The id of the stream's newest entry (``0-0``: empty), for the idle wait."""
+
+
+class Reclaimed(NamedTuple):
+    """What one reclaim pass (:meth:`GroupCommands.reclaim`) did."""
+
+    alive: bool
+    """False: the reclaiming member is dead (nothing claimed)."""
+    ids: list[str]
+    """The entries claimed for the reclaiming member (read them next)."""
+
 
 SessionMode = Literal["create", "renew", "end", "forget"]
 
@@ -147,6 +172,51 @@ class LivenessOps(Protocol):
     async def unblock(self, client_id: int) -> bool: ...
     async def scan_cursor(self) -> str: ...
     async def save_scan_cursor(self, cursor: str) -> None: ...
+
+
+class GroupOps(Protocol):
+    """The commands of shared groups (``_redis/_groups.py``), as a ``GroupConsumer``
+    uses them."""
+
+    async def join(self, stream: str, member: str, ttl_ms: int, start_id: str) -> None: ...
+    async def leave(self, stream: str, member: str) -> int: ...
+    async def register(self, stream: str) -> None: ...
+    async def ack(self, stream: str, member: str, ids: Sequence[str]) -> bool: ...
+    async def ack_and_read(
+        self, stream: str, member: str, ids: Sequence[str], count: int
+    ) -> GroupRead: ...
+    async def history(self, stream: str, member: str, count: int) -> list[GroupEntry]: ...
+    async def count_start(self, stream: str, entry_id: str) -> int: ...
+    async def beat(
+        self, streams: Sequence[str], members: Sequence[str], ttl_ms: int
+    ) -> list[bool]: ...
+    async def reclaim(
+        self, stream: str, member: str, count: int, min_idle_ms: int, forget_ms: int
+    ) -> Reclaimed: ...
+    async def trim(
+        self,
+        stream: str,
+        *,
+        acknowledged: bool,
+        max_len: int,
+        max_age_ms: int,
+        batch: int,
+        pace_ms: int,
+    ) -> tuple[int, int]: ...
+
+
+class GroupGateway(Protocol):
+    """What a ``GroupConsumer``'s runtime uses of its gateway. :class:`Gateway` runs it
+    on Redis; the test suite's in-memory fake implements it too."""
+
+    keys: Keys
+    raw_fields: bool
+    last_ok: float | None
+
+    @property
+    def assignments(self) -> AssignmentOps: ...
+    @property
+    def groups(self) -> GroupOps: ...
 
 
 class StreamGateway(Protocol):

@@ -28,10 +28,11 @@ expired keys are dropped lazily, when next looked at.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -53,6 +54,9 @@ from streamjobs._wire import (
 )
 from streamjobs.exceptions import NoSuchGroup, RedisUnavailable
 from streamjobs.metrics import ServiceSample
+
+if TYPE_CHECKING:
+    from tests.fakes.groups import FakeGroups
 
 StreamId = tuple[int, int]
 
@@ -284,6 +288,13 @@ class FakeGateway:
     def writes(self) -> FakeGateway:
         return self
 
+    @functools.cached_property
+    def groups(self) -> FakeGroups:
+        """The group steps of a ``GroupConsumer``, over these data streams."""
+        from tests.fakes.groups import FakeGroups
+
+        return FakeGroups(self)
+
     def __init__(
         self,
         keys: Keys | None = None,
@@ -296,6 +307,8 @@ class FakeGateway:
         self.clock = clock
         self.dlq_maxlen = dlq_maxlen
         self.calls: list[Call] = []
+        self.last_ok: float | None = None
+        """When (``time.monotonic()``) a call last got its reply, as ``Gateway.last_ok``."""
         self.lbs_history: list[tuple[str, dict[str, bytes | str]]] = []
         """Every entry ever added to the assignment stream (re-queues included), in order."""
         self._lbs = _Stream()
@@ -364,7 +377,9 @@ class FakeGateway:
 
     @staticmethod
     def _check_method(method: str) -> None:
-        if method not in METHODS:
+        from tests.fakes.groups import GROUP_METHODS
+
+        if method not in METHODS and method not in GROUP_METHODS:
             raise ValueError(f"{method!r} is not a StreamGateway method")
 
     # -- producing (synchronous helpers) ---------------------------------------------
@@ -1274,6 +1289,7 @@ class FakeGateway:
         gate = self._gates.get(method)
         if gate is not None and gate.after:
             await gate.pass_through()
+        self.last_ok = time.monotonic()
 
     def _indexed_name(self, assignment_id: str) -> str | None:
         """The stream an LBS entry names, if the active-assignment index points at it."""

@@ -35,6 +35,7 @@ from streamjobs import (
 )
 from streamjobs._cli_ops import print_overview
 from streamjobs._keys import Keys
+from streamjobs._redis import Gateway
 from streamjobs.group import group_runtime_of
 from tests.harness.plugin import RedisServerFactory, cluster_mode_for
 
@@ -432,6 +433,7 @@ async def test_one_consumer_of_a_service_trims_a_stream_per_interval(
         await redis.xadd(stream, {"n": str(i)})
     await redis.xgroup_create(stream, service, id="$")  # every entry acknowledged
     gw = group_runtime_of(make(redis, service, [stream], "c0")).gateway
+    assert isinstance(gw, Gateway)
     await gw.assignments.load_scripts()
     keys, args = [stream, gw.keys.trimmed(stream)], ["1", 0, 0, 10_000, 60_000]
 
