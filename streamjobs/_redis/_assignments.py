@@ -244,7 +244,7 @@ class AssignmentCommands:
             WrongKeyType: the dead-letter key holds another type; nothing was written,
                 the entry is still pending.
         """
-        r = await self.scripts.dead_letter(
+        r = await self.scripts.dead_letter_assignment(
             keys=[
                 self.keys.assignments,
                 self.core.dlq,
@@ -289,7 +289,7 @@ class AssignmentCommands:
             and all(k != FIELDS_JSON_FIELD for k, _ in original)
         ):
             return await self._dead_letter_plain(meta, original, marker)
-        r = await self.scripts.dlq_add(
+        r = await self.scripts.dead_letter_entry(
             keys=[self.core.dlq, marker],
             args=[
                 self.core.dlq_maxlen,
@@ -307,7 +307,7 @@ class AssignmentCommands:
     async def _dead_letter_plain(
         self, meta: Pairs, original: Pairs, marker: str
     ) -> tuple[str, int]:
-        """``dlq_add.lua`` without the script, for a big entry: one MULTI of XLEN, XADD,
+        """``dead_letter_entry.lua`` without the script, for a big entry: one MULTI of XLEN, XADD,
         XLEN on the dead-letter stream, so the entry's data never passes through Lua.
         The marker is read before and set after: unlike the script, not atomic with the
         write, so a crash right after the MULTI, or two owners dead-lettering the same

@@ -89,7 +89,7 @@ longer than an owner's death takes to be noticed and the entry handled again."""
 
 PLAIN_DEAD_LETTER_BYTES = 256 * 1024
 """Entries larger than this are dead-lettered by a plain XADD (in a MULTI), not by
-``dlq_add.lua``: a script copying a 50 MB entry ran for 225-353 ms."""
+``dead_letter_entry.lua``: a script copying a 50 MB entry ran for 225-353 ms."""
 
 REDIS_FAILURES: tuple[type[Exception], ...] = (RedisUnavailable, RedisCommandError)
 """Everything this boundary raises for a failed command. Loops catch this, back off

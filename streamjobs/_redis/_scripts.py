@@ -82,15 +82,15 @@ class Scripts:
     release: Script
     finish: Script
     requeue: Script
-    dead_letter: Script
-    dlq_add: Script
+    dead_letter_assignment: Script
+    dead_letter_entry: Script
     lease: Script
     sweep: Script
     prune_consumers: Script
     seal: Script
     complete: Script
-    cancel: Script
-    signal_cancel: Script
+    cancel_queued: Script
+    cancel_stream: Script
     skip_unread: Script
     start_job: Script
     replay_assignment: Script

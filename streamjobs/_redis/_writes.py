@@ -89,12 +89,12 @@ class ProducerCommands:
 
     @script
     async def cancel_queued(self, stream: str) -> tuple[str, str, str]:
-        """``cancel.lua``: remove ``stream``'s indexed assignment if not delivered yet.
+        """``cancel_queued.lua``: remove ``stream``'s indexed assignment if not delivered yet.
 
         Returns:
             ('removed' | 'delivered' | 'none', the assignment's id or '', its job or '').
         """
-        r = await self.scripts.cancel(
+        r = await self.scripts.cancel_queued(
             keys=[self.keys.assignments, self.keys.active, self.keys.leases],
             args=[self.keys.group, stream, FIRST_ID_FIELD],
         )
@@ -114,12 +114,12 @@ class ProducerCommands:
     async def signal_cancel(
         self, stream: str, reason: str, marker_ttl_ms: int, job: str = ""
     ) -> bool:
-        """Tell ``stream``'s owner to stop (``signal_cancel.lua``): the cancel marker its
+        """Tell ``stream``'s owner to stop (``cancel_stream.lua``): the cancel marker its
         next fenced read sees, and in the same script an end marker carrying the reason
         that wakes an owner waiting for entries (not written if the stream is gone or
         already ends in an end marker). ``job``: the job being cancelled ('' unknown).
         False if the cancel was moot (that job is over already): nothing was written."""
-        r = await self.scripts.signal_cancel(
+        r = await self.scripts.cancel_stream(
             keys=[stream, self.keys.cancel(stream), self.keys.ended(stream)],
             args=[
                 reason, marker_ttl_ms, EOS_FIELD, EOS_VALUE, CANCEL_FIELD, self.keys.group, job,

@@ -8,8 +8,8 @@
 -- ARGV[3..] entry ids
 -- Returns the number acknowledged, or -1 if the member is dead (nothing acknowledged:
 -- its entries are, or will be, another member's).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
 if not score or tonumber(score) <= now then
   return -1

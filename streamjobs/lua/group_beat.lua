@@ -6,8 +6,8 @@
 -- Returns one integer per key: 1 renewed, 0 dead (its deadline passed, it stopped, or
 -- it is gone): a dead member is never revived, so whatever was reclaimed from it
 -- stays with its new holder.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 -- Every score is read before the first write: a script is not rolled back.
 local out = {}
 for i = 1, #KEYS do

@@ -12,6 +12,7 @@
 -- A member's score is the server time (ms) until which it is alive; a member whose
 -- score is past is dead for good (group_beat.lua never revives it), and a negative
 -- score -t means it stopped at t. Everything that can fail is read first.
+--#include time
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind ~= 'stream' and kind ~= 'none' then
   return redis.error_reply('WRONGTYPE the data stream ' .. KEYS[1] .. ' holds a ' ..
@@ -22,8 +23,7 @@ if index ~= 'zset' and index ~= 'none' then
   return redis.error_reply('WRONGTYPE the member index ' .. KEYS[2] .. ' holds a ' ..
     index .. ', not a sorted set')
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], ARGV[4], 'MKSTREAM')
 if type(made) == 'table' and made.err and not string.find(made.err, 'BUSYGROUP', 1, true) then
   return redis.error_reply(made.err)

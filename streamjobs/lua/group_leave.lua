@@ -8,8 +8,8 @@
 -- whatever is still pending under it is reclaimed by the next pass of any live member.
 -- With nothing pending, it also leaves the group itself.
 -- Returns the number of entries left pending under it.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local pending = 0
 local grouped = false
 if redis.call('EXISTS', KEYS[1]) == 1 then

@@ -19,8 +19,8 @@
 -- revives it), so its entries can be claimed at once: a slow but live member keeps
 -- its own. The claim is JUSTID (it does not count as a delivery); the claimer's read
 -- of its own pending entries does. Every read is done before the first write.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local me = redis.call('ZSCORE', KEYS[2], ARGV[2])
 if not me or tonumber(me) <= now then
   return {-1}

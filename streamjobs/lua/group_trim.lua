@@ -17,6 +17,7 @@
 -- or (nothing pending) its last-delivered id: each entry below it was delivered to
 -- every group and is pending in none. Trimming is approximate (~): whole nodes of the
 -- stream below the threshold only, never an entry at or above it.
+--#include time
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {0, 0, 0}
 end
@@ -64,8 +65,7 @@ end
 local dropped = 0
 local max_age = tonumber(ARGV[3])
 if max_age > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   local cutoff = string.format('%d-0', now - max_age)
   if less(floor, cutoff) then
     dropped = dropped + redis.call('XTRIM', KEYS[1], 'MINID', '~', cutoff, 'LIMIT', limit)

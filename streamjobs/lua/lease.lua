@@ -19,8 +19,8 @@
 -- ARGV[4]  the consumer ('own'; '' otherwise)
 -- ARGV[5..] lease members (assignment ids)
 -- Returns {server time in ms, then per member 1 if recorded, 0 if not}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local deadline = now + tonumber(ARGV[2])
 local out = {now}
 for i = 5, #ARGV do

@@ -6,8 +6,8 @@
 -- KEYS[2]  session index (sorted set, same slot)
 -- Returns milliseconds from now (server time) to the earliest deadline, 0 if one has
 -- passed, or -1 if both indexes are empty. Read only.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local earliest = nil
 for i = 1, 2 do
   -- ZRANGEBYSCORE, not ZRANGE: a command the consumer's ACL already allows.

@@ -31,13 +31,13 @@
 -- points at the original (another assignment of the same stream, written by other
 -- means, never moves it). An index that is not a hash is left alone (add.lua reports
 -- it).
+--#include time
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 local out = nil
 local name = nil
 local lost_at = ARGV[9]
 if lost_at == 'lease' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   local score = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[2]))
   if score == nil or score > now then
     score = now

@@ -20,8 +20,8 @@
 -- forget: drop the member once its incarnation is dead (key gone or replaced) and
 --         its assignments were recovered; returns 1 if dropped, 0 if still alive.
 -- Every read comes before the first write.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local mode = ARGV[1]
 if mode == 'create' then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])

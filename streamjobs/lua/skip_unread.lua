@@ -1,5 +1,5 @@
 -- skip_unread.lua: a job cancelled before any consumer read its assignment
--- (Producer.cancel_stream, after cancel.lua removed the assignment) leaves its entries
+-- (Producer.cancel_stream, after cancel_queued.lua removed the assignment) leaves its entries
 -- in the data stream; move the service's group past them, so that the next job of the
 -- same name starts after them instead of handling them, and mark the job ended, so
 -- that what its producer appends later is skipped too (docs/design.md#job-identity).

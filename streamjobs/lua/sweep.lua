@@ -6,8 +6,8 @@
 -- ARGV[2]  maximum members to return
 -- ARGV[3]  re-check delay, milliseconds
 -- Returns the claimed members and their deadlines before the claim: {id, ms, id, ms, ...}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--#include time
+local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[1]),
   'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 for i = 1, #due, 2 do

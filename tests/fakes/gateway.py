@@ -483,7 +483,7 @@ class FakeGateway:
         return self.append(stream, {EOS_FIELD: EOS_VALUE})
 
     def cancel_queued(self, stream: str) -> bool:
-        """cancel.lua: delete ``stream``'s indexed assignment if no consumer has read it
+        """cancel_queued.lua: delete ``stream``'s indexed assignment if no consumer has read it
         yet; True if it did."""
         current = self._active.get(stream)
         if current is None or current not in self.lbs_undelivered:
@@ -498,7 +498,7 @@ class FakeGateway:
         return True
 
     def signal_cancel(self, stream: str, reason: str, job: str = "") -> bool:
-        """signal_cancel.lua: nothing if moot (the ended-job marker names ``job``, or
+        """cancel_stream.lua: nothing if moot (the ended-job marker names ``job``, or
         exists with ``job`` unknown; or the group read the newest entry, an end marker
         newer than ``job``); else the cancel marker, then an end marker carrying the
         reason unless the stream is missing or its newest entry is an end marker newer
@@ -793,7 +793,7 @@ class FakeGateway:
     async def dead_letter_assignment(
         self, assignment_id: str, meta: Pairs
     ) -> tuple[str, int] | None:
-        """dead_letter.lua: ZREM; XACK (stop if 0); XADD fields + meta to the DLQ; XDEL;
+        """dead_letter_assignment.lua: ZREM; XACK (stop if 0); XADD fields + meta to the DLQ; XDEL;
         drop the index entry pointing at it."""
         await self._enter("dead_letter_assignment", assignment_id, tuple(meta))
         result = None
@@ -813,7 +813,7 @@ class FakeGateway:
         return result
 
     async def dead_letter_entry(self, fields: Pairs) -> tuple[str, int]:
-        """dlq_add.lua: XADD the fields and the time to the DLQ."""
+        """dead_letter_entry.lua: XADD the fields and the time to the DLQ."""
         await self._enter("dead_letter_entry", tuple(fields))
         out: dict[str, bytes | str] = dict(fields)
         out.pop(DEAD_AT_FIELD, None)  # the script appends its own at the end

@@ -302,7 +302,7 @@ async def test_the_streams_of_one_intake_read_share_one_lease_call(
     redis: AsyncRedis, service: str, uid: str, consumer_factory: ConsumerFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    import streamjobs.consumer
+    import streamjobs._base_consumer
 
     monkeypatch.setattr(_CountingLeases, "batches", [])
 
@@ -311,7 +311,7 @@ async def test_the_streams_of_one_intake_read_share_one_lease_call(
         made.streams = _CountingLeases(made)
         return made
 
-    monkeypatch.setattr(streamjobs.consumer, "Gateway", gateway)
+    monkeypatch.setattr(streamjobs._base_consumer, "Gateway", gateway)
     streams = [f"d:{uid}:{i}" for i in range(30)]
     producer = Producer(redis, service=service)
     for s in streams:

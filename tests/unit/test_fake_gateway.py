@@ -202,7 +202,7 @@ async def test_finish_and_dead_letters(fake: FakeGateway) -> None:
 
 
 async def test_submit_and_the_active_index(fake: FakeGateway, clock: ManualClock) -> None:
-    """add.lua, and the index kept by finish.lua, requeue.lua and dead_letter.lua."""
+    """add.lua, and the index kept by finish.lua, requeue.lua and dead_letter_assignment.lua."""
     await fake.ensure_group()
     first, created = fake.submit("d1", {"job": 1})
     assert created

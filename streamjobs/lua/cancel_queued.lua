@@ -1,4 +1,4 @@
--- cancel.lua: the assignment-stream half of cancelling a data stream
+-- cancel_queued.lua: the assignment-stream half of cancelling a data stream
 -- (Producer.cancel_stream). An assignment queued by add_stream and not delivered yet
 -- is removed here at once; one that is delivered (owned, or its owner dead) is left
 -- to its owner, which the cancel marker (written by the caller, in the data stream's

@@ -1,4 +1,4 @@
--- dead_letter.lua: atomically move a pending assignment to the dead-letter stream.
+-- dead_letter_assignment.lua: atomically move a pending assignment to the dead-letter stream.
 -- Redis does not roll a script back, so everything that can fail is checked before
 -- the first write (ZREM, then XACK): the dead-letter key's type, the entry's read, and
 -- the size of the copy. An entry too large to copy field by field is carried whole in
@@ -21,6 +21,8 @@
 -- The stream's entry in the active-assignment index goes only if it points at this
 -- assignment (another assignment of the same stream, written by other means, never
 -- moves it). An index that is not a hash is left alone (add.lua reports it).
+--#include time
+--#include dead_letter
 local kind = redis.call('TYPE', KEYS[2])['ok']
 if kind ~= 'stream' and kind ~= 'none' then
   return redis.error_reply('WRONGTYPE the dead-letter stream ' .. KEYS[2] .. ' holds a ' ..
@@ -64,18 +66,7 @@ redis.call('ZREM', KEYS[3], ARGV[2])
 if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then
   return false
 end
-local t = redis.call('TIME')
-out[#out + 1] = ARGV[4]
-out[#out + 1] = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local before = redis.call('XLEN', KEYS[2])
-local dlq_id
-local maxlen = tonumber(ARGV[3])
-if maxlen > 0 then
-  dlq_id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', unpack(out))
-else
-  dlq_id = redis.call('XADD', KEYS[2], '*', unpack(out))
-end
-local trimmed = before + 1 - redis.call('XLEN', KEYS[2])
+local dlq_id, trimmed = append_dead_letter(KEYS[2], tonumber(ARGV[3]), out, ARGV[4])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if indexed then
   redis.call('HDEL', KEYS[4], name)

@@ -1,4 +1,4 @@
--- signal_cancel.lua: the data-stream half of cancelling a stream (Producer.cancel_stream):
+-- cancel_stream.lua: the data-stream half of cancelling a stream (Producer.cancel_stream):
 -- the cancel marker, then an end marker carrying the reason that wakes an owner
 -- waiting for entries. One script, so an owner woken by the entry always finds the
 -- marker, and the seal that ends the stream always removes it (written the other

@@ -1,4 +1,4 @@
--- dlq_add.lua: append a dead-letter entry for a data-stream entry.
+-- dead_letter_entry.lua: append a dead-letter entry for a data-stream entry.
 -- The data stream lives in another slot than the DLQ, so this cannot be atomic with
 -- the entry's ack: the caller appends here first and acks (fenced) afterwards, so a
 -- crash in between leaves a duplicate dead letter, never a lost entry.
@@ -22,6 +22,8 @@
 -- {that id, 0} is returned, so each source entry has one dead letter.
 -- Fails with 'WRONGTYPE ...', writing nothing, if KEYS[1] holds something else than a
 -- stream.
+--#include time
+--#include dead_letter
 local done = redis.call('GET', KEYS[2])
 if done then
   return {done, 0}
@@ -56,16 +58,6 @@ end
 for i = 6, first - 1 do
   out[#out + 1] = ARGV[i]
 end
-local t = redis.call('TIME')
-out[#out + 1] = ARGV[2]
-out[#out + 1] = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local before = redis.call('XLEN', KEYS[1])
-local dlq_id
-local maxlen = tonumber(ARGV[1])
-if maxlen > 0 then
-  dlq_id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', unpack(out))
-else
-  dlq_id = redis.call('XADD', KEYS[1], '*', unpack(out))
-end
+local dlq_id, trimmed = append_dead_letter(KEYS[1], tonumber(ARGV[1]), out, ARGV[2])
 redis.call('SET', KEYS[2], dlq_id, 'PX', marker_ttl)
-return {dlq_id, before + 1 - redis.call('XLEN', KEYS[1])}
+return {dlq_id, trimmed}
