@@ -78,12 +78,14 @@ class GroupCommands:
         return await self._ack(stream, member, ids)
 
     async def _ack(self, stream: str, member: str, ids: Sequence[str]) -> bool:
+        return int(await self.core.scripts.group_ack(*self._ack_call(stream, member, ids))) >= 0
+
+    def _ack_call(
+        self, stream: str, member: str, ids: Sequence[str]
+    ) -> tuple[list[str], list[str]]:
+        """``group_ack.lua``'s KEYS and ARGV (the only place that builds them)."""
         keys = self.keys
-        acked = await self.core.scripts.group_ack(
-            keys=[stream, keys.members(stream), keys.starts(stream)],
-            args=[self.group, member, *ids],
-        )
-        return int(acked) >= 0
+        return [stream, keys.members(stream), keys.starts(stream)], [self.group, member, *ids]
 
     @channelled
     async def ack_and_read(
@@ -97,13 +99,10 @@ class GroupCommands:
         A MULTI runs every command it queued: if the acknowledgement is refused (the
         member is dead), the read still delivered entries to the dead member; they are
         dropped here (``refused``) and reclaimed by a live one."""
-        core, keys, group = self.core, self.keys, self.group
+        core, group = self.core, self.group
         commands: list[tuple[Any, ...]] = []
         if ids:
-            commands.append(
-                ("EVALSHA", core.scripts.group_ack.sha, 3, stream, keys.members(stream),
-                 keys.starts(stream), group, member, *ids)
-            )  # fmt: skip
+            commands.append(core.scripts.group_ack.command(*self._ack_call(stream, member, ids)))
         commands += [
             ("XREADGROUP", "GROUP", group, member, "COUNT", count, "STREAMS", stream, ">"),
             ("XREVRANGE", stream, "+", "-", "COUNT", 1),

@@ -53,6 +53,11 @@ class Script:
         self.script: str = source(name)
         self.sha: str = self._client_script.sha
 
+    def command(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """The ``EVALSHA`` of this script with ``keys`` and ``args``, as a command to
+        queue in a MULTI (a caller that gets NOSCRIPT back loads it and tries again)."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
     async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         channel = self._owner.channel
         if channel is None or not keys:

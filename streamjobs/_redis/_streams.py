@@ -72,11 +72,22 @@ class StreamCommands:
             :data:`ACQUIRED_ENDED`: taken, but job ``job`` already ended early (its owner
             died before completing the assignment): only complete it.
         """
-        r = await self.scripts.acquire(
-            keys=[self.keys.lock(stream), stream, self.keys.ended(stream)],
-            args=[token, ttl_ms, self.keys.group, replace, job],
+        return int(await self.scripts.acquire(*self._acquire(stream, token, ttl_ms, replace, job)))
+
+    def _acquire(
+        self, stream: str, token: str, ttl_ms: int, replace: str, job: str
+    ) -> tuple[list[str], list[Any]]:
+        """``acquire.lua``'s KEYS and ARGV (the only place that builds them)."""
+        keys = self.keys
+        return (
+            [keys.lock(stream), stream, keys.ended(stream)],
+            [token, ttl_ms, keys.group, replace, job],
         )
-        return int(r)
+
+    def _fence(self, stream: str, token: str, ack: Sequence[str]) -> tuple[list[str], list[Any]]:
+        """``fence.lua``'s KEYS and ARGV (the only place that builds them)."""
+        keys = self.keys
+        return [keys.lock(stream), stream, keys.cancel(stream)], [token, keys.group, *ack]
 
     @channelled
     async def acquire_and_read(
@@ -94,16 +105,11 @@ class StreamCommands:
         stalled owner's read behind its own failed fence (docs/recovery.md).
         """
         group = self.keys.group
-        lock, cancel, ended = (
-            self.keys.lock(stream),
-            self.keys.cancel(stream),
-            self.keys.ended(stream),
-        )
         acquire, fence = self.scripts.acquire, self.scripts.fence
         commands: list[tuple[Any, ...]] = [
-            ("GET", ended),  # the ended-job marker as the acquire finds it
-            ("EVALSHA", acquire.sha, 3, lock, stream, ended, token, ttl_ms, group, "", job),
-            ("EVALSHA", fence.sha, 3, lock, stream, cancel, token, group),
+            ("GET", self.keys.ended(stream)),  # the ended-job marker as the acquire finds it
+            acquire.command(*self._acquire(stream, token, ttl_ms, "", job)),
+            fence.command(*self._fence(stream, token, ())),
             ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", stream, ">"),
         ]
         for attempt in range(2):
@@ -254,10 +260,8 @@ class StreamCommands:
         """
         large = reply_bytes > LARGE_REPLY_BYTES
         lock = self.keys.lock(stream)
-        group = self.keys.group
-        cancel = self.keys.cancel(stream)
         if count == 0:
-            r = await self.scripts.fence(keys=[lock, stream, cancel], args=[token, group, *ack])
+            r = await self.scripts.fence(*self._fence(stream, token, ack))
             return ReadReply(int(r[0]) == 1, "0-0", [])
         if claim:
             claimed = await self._claim(lock, stream, token, consumer, count, ack, large)
@@ -265,9 +269,7 @@ class StreamCommands:
                 return claimed
             ack = ()
         for _ in range(3):
-            fenced, read = await self._fence_and_read(
-                lock, stream, cancel, token, consumer, count, ack, large
-            )
+            fenced, read = await self._fence_and_read(stream, token, consumer, count, ack, large)
             ack = ()
             if int(fenced[0]) != 1:
                 if read and not isinstance(read, BaseException):
@@ -292,9 +294,7 @@ class StreamCommands:
 
     async def _fence_and_read(
         self,
-        lock: str,
         stream: str,
-        cancel: str,
         token: str,
         consumer: str,
         count: int,
@@ -302,9 +302,8 @@ class StreamCommands:
         large: bool,
     ) -> tuple[Any, Any]:
         """MULTI, fence.lua, XREADGROUP, EXEC: ``(fence reply, read reply or error)``."""
-        fence = self.scripts.fence
         commands: list[tuple[Any, ...]] = [
-            ("EVALSHA", fence.sha, 3, lock, stream, cancel, token, self.keys.group, *ack),
+            self.scripts.fence.command(*self._fence(stream, token, ack)),
             (
                 "XREADGROUP",
                 "GROUP",
@@ -323,7 +322,7 @@ class StreamCommands:
                 break
             # A restarted or promoted server has no scripts: load it and go again (the
             # discarded read left its entries pending with us: the retry claims them).
-            await self.core.command(stream, "SCRIPT", "LOAD", fence.script)
+            await self.core.command(stream, "SCRIPT", "LOAD", self.scripts.fence.script)
         if isinstance(fenced, BaseException):
             raise translate(fenced, in_script=True) from fenced
         return fenced, read
