@@ -82,6 +82,7 @@ class OwnedStream:
 
     def __init__(self, host: Host, assignment: Assignment) -> None:
         self.s = OwnedStreamState(host, assignment)
+        self.clear = self.s.clear  # (the pipeline's hot check: one call, no hop)
         self.acquisition = Acquisition(self.s)
         self.end = StreamEnd(self.s)
 
@@ -353,13 +354,6 @@ class OwnedStream:
 
     async def pause(self, delay_s: float) -> bool:
         return await self.s.pause(delay_s)
-
-    def clear(self, now: float) -> bool:
-        # Hot path: no await per entry while the lock was proved ours within
-        # RECHECK_AFTER_S and the local lease is valid.
-        return not (self.s.lost or self.s.host.draining or self.s.finish_requested) and now < (
-            self.s.check_at
-        )
 
     async def may_hand(self) -> bool:
         # finish() ends the stream after the current entry, before the next one.

@@ -321,20 +321,22 @@ class EntryPipeline:
         """
         call = self.caller()
         stream, info = seat.stream, seat.info
+        clear = seat.clear  # (looked up once: it runs once per entry)
         to_ack = seat.to_ack
+        queue = to_ack.append
         flush_s = seat.ack_interval_s
         perf = time.perf_counter
         durations: list[float] = []
         record = durations.append
-        done = 0
+        done = 0  # entries before this one that are done
         # One clock read per entry: when the previous call returned is when this one
         # starts, and (through this batch's offset between the two clocks) what the
         # seat's hot check compares with its monotonic deadlines.
         started = perf()
         offset = time.monotonic() - started
         try:
-            for entry_id, fields in batch:
-                if not seat.clear(started + offset):
+            for done, (entry_id, fields) in enumerate(batch):  # noqa: B007
+                if not clear(started + offset):
                     if not await seat.may_hand():
                         break
                     started = perf()
@@ -343,7 +345,6 @@ class EntryPipeline:
                     if verdict is Admit.STOP:
                         break
                     if verdict is Admit.SKIP:
-                        done += 1
                         started = perf()
                         continue
                 try:
@@ -352,8 +353,7 @@ class EntryPipeline:
                     outcome = await self._retry(seat, call, entry_id, fields, exc, started)
                     if outcome is None:
                         break
-                    to_ack.append(entry_id)
-                    done += 1
+                    queue(entry_id)
                     started = perf()
                     if outcome is EntryOutcome.DEAD_LETTERED and flush_s is not None:
                         await seat.flush()  # so that no other consumer handles it again
@@ -361,10 +361,11 @@ class EntryPipeline:
                 now = perf()
                 record(now - started)
                 started = now
-                to_ack.append(entry_id)
-                done += 1
+                queue(entry_id)
                 if flush_s is not None and now - seat.last_flush > flush_s:
                     await seat.flush()
+            else:
+                done = len(batch)
         finally:
             if durations:
                 self.metrics.entries_handled(self.service, EntryOutcome.OK, durations)

@@ -180,6 +180,14 @@ class OwnedStreamState:
 
     # -- called by the runtime -------------------------------------------------------
 
+    def clear(self, now: float) -> bool:
+        """True if the next entry may be handed at ``now`` (monotonic) with no await:
+        the lock was proved ours within ``RECHECK_AFTER_S``, the local lease is valid,
+        and nothing (a loss, shutdown, ``finish()``) ends the batch."""
+        return not (self.lost or self.host.draining or self.finish_requested) and (
+            now < self.check_at
+        )
+
     def renew(self, confirmed_at: float) -> None:
         """The lock was (re)confirmed by a call sent at ``confirmed_at`` (monotonic)."""
         cfg = self.host.config
