@@ -11,7 +11,7 @@ are named constants (``key_prefix: str = DEFAULT_PREFIX``). Once a page is writt
 * a default that names an UPPER_CASE constant of the package shows its value
   (``'streamjobs'``).
 
-tests/unit/test_docs_site.py fails on a literal role anywhere in the built site.
+tests/tools/test_docs_site.py fails on a literal role anywhere in the built site.
 """
 
 from __future__ import annotations

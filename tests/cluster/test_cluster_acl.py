@@ -17,7 +17,7 @@ from streamjobs._keys import Keys
 from tests.integration._helpers import eventually
 from tests.integration.test_acl import PASSWORD, Refusing, documented_acl
 
-pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
+pytestmark = pytest.mark.anyio
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cluster
-
 ROOT = Path(__file__).resolve().parents[2]
 
 TIMEOUT_S = 100.0  # under the suite's 120 s per test

@@ -30,7 +30,7 @@ from streamjobs.testing import LocalCluster
 from tests.harness.cluster import ClusterEndpoint, close_cluster_client
 from tests.integration._helpers import Recorder, eventually
 
-pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
+pytestmark = pytest.mark.anyio
 
 
 class Events(NullRecorder):
@@ -156,7 +156,7 @@ async def test_expiries_on_every_primary_are_heard(
 
 class Slow(Recorder):
     async def handle(self, message: Message) -> None:
-        await anyio.sleep(0.03)
+        await anyio.sleep(0.03)  # slow on purpose: entries stay in flight a while
         await super().handle(message)
 
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from redis.cluster import RedisCluster as SyncRedisCluster
 
 from tests.harness.cluster import ClusterEndpoint
 from tests.integration.test_examples import last_line, run_example, service_of
-
-pytestmark = pytest.mark.cluster
 
 SUMMARY = re.compile(
     r"^done: 6 streams on (?P<primaries>\d+) primaries finished, 18 entries handled$"

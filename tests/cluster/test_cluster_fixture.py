@@ -20,8 +20,6 @@ from streamjobs.testing import ClusterStartupError, LocalCluster
 from tests.harness.cluster import ClusterEndpoint
 from tests.harness.processes import child_pids, pid_alive
 
-pytestmark = pytest.mark.cluster
-
 
 def _require_local(cluster: ClusterEndpoint) -> LocalCluster:
     if not isinstance(cluster, LocalCluster):

@@ -23,7 +23,7 @@ from streamjobs.testing import LocalCluster
 from tests.harness.cluster import ClusterEndpoint
 from tests.integration._helpers import Recorder, eventually
 
-pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
+pytestmark = pytest.mark.anyio
 
 STREAMS = 60
 

@@ -21,7 +21,7 @@ from streamjobs.testing import LocalCluster
 from tests.harness.cluster import close_cluster_client
 from tests.integration._helpers import Recorder, eventually
 
-pytestmark = [pytest.mark.anyio, pytest.mark.cluster, pytest.mark.faults]
+pytestmark = [pytest.mark.anyio, pytest.mark.faults]
 
 OUTAGE_S = 10.0
 AOF = {"extra_args": ["--appendonly", "yes", "--appendfsync", "always"]}

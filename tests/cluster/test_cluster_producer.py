@@ -11,7 +11,7 @@ from streamjobs._keys import Keys
 from streamjobs.testing import LocalCluster
 from tests.harness.cluster import ClusterEndpoint
 
-pytestmark = [pytest.mark.anyio, pytest.mark.cluster]
+pytestmark = pytest.mark.anyio
 
 WAVES = 20
 CONCURRENT = 50

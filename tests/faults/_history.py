@@ -10,6 +10,7 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 
+from streamjobs._keys import Keys
 from streamjobs._redis._operator import owner_of
 
 from .workers import log_key
@@ -75,11 +76,11 @@ def assert_clean(r: SyncRedis, service: str, streams: Sequence[str], settle_s: f
 
 
 def _check_clean(r: SyncRedis, service: str, streams: Sequence[str]) -> None:
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     assert r.xpending(lbs, service)["pending"] == 0
     assert r.xlen(lbs) == 0
     for s in streams:
-        assert not r.exists(f"streamjobs:lock:{{{s}}}"), f"lock of {s} left"
+        assert not r.exists(Keys(service).lock(s)), f"lock of {s} left"
         if r.exists(s):
             assert r.xpending(s, service)["pending"] == 0, f"{s} has pending entries"
 
@@ -92,7 +93,7 @@ def produce(
 
     pipe = r.pipeline(transaction=False)
     for s in streams:
-        pipe.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(s, info))
+        pipe.xadd(Keys(service).assignments, build_fields(s, info))
     for i in range(entries):
         for s in streams:
             pipe.xadd(s, {"n": str(i)})
@@ -103,6 +104,6 @@ def produce(
 
 
 def all_done(r: SyncRedis, service: str, expected: int) -> bool:
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     distinct = {(x.stream, x.id) for x in history(r, service)}
     return len(distinct) >= expected and r.xlen(lbs) == 0

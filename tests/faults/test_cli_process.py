@@ -7,20 +7,18 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from redis import Redis as SyncRedis
 
+from streamjobs._keys import Keys
 from streamjobs._wire import build_fields
 from streamjobs.testing import RedisServer
 from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
 
 from ._history import owners, wait_for
 from .workers import begun_key
-
-pytestmark = pytest.mark.faults
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "S3cretPW-x9"
@@ -29,14 +27,8 @@ TARGET = "tests.faults.workers:AnnouncingWorker"
 
 @pytest.fixture
 def server(redis_server_factory: RedisServerFactory) -> RedisServer:
+    """A private server behind ``PASSWORD`` (the folder's ``sync`` logs in with it)."""
     return redis_server_factory(password=PASSWORD)
-
-
-@pytest.fixture
-def sync(server: RedisServer) -> Iterator[SyncRedis]:
-    r = SyncRedis(port=server.port, password=PASSWORD)
-    yield r
-    r.close()
 
 
 def _url(server: RedisServer, password: str) -> str:
@@ -71,7 +63,7 @@ def test_the_url_given_outside_the_command_line_connects_and_stays_out_of_ps(
     server: RedisServer, sync: SyncRedis, service: str, uid: str, tmp_path: Path, source: str
 ) -> None:
     stream = f"d:{uid}"
-    sync.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(stream, {"work_ms": 1}))
+    sync.xadd(Keys(service).assignments, build_fields(stream, {"work_ms": 1}))
     sync.xadd(stream, {"n": "0"})
     if source == "env":
         proc = _worker(service, env={"STREAMJOBS_REDIS_URL": _url(server, PASSWORD)})
@@ -98,7 +90,7 @@ def test_sighup_stops_gracefully_and_hands_streams_back(
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     streams = [f"d:{uid}:{i}" for i in range(3)]
     for s in streams:
         sync.xadd(lbs, build_fields(s, {"work_ms": 1}))
@@ -122,7 +114,7 @@ def test_a_worker_started_with_sighup_ignored_keeps_ignoring_it(
 ) -> None:
     """As under ``nohup``: the worker outlives its terminal; SIGTERM still stops it."""
     stream = f"d:{uid}"
-    sync.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(stream, {"work_ms": 1}))
+    sync.xadd(Keys(service).assignments, build_fields(stream, {"work_ms": 1}))
     sync.xadd(stream, {"n": "0"})
     ignoring_sighup = (
         "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "

@@ -9,34 +9,20 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 from redis import Redis as SyncRedis
 
+from streamjobs._keys import Keys
 from streamjobs._wire import RETRY_FIELD, build_fields
 from streamjobs.testing import RedisServer
-from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
+from tests.harness.plugin import WorkerFleetFactory
 
 from ._history import owners, wait_for
 from .workers import begun_key
 
-pytestmark = pytest.mark.faults
-
 SUPERVISOR_WINDOW_S = 10.0
 TARGET = "tests.faults.workers:AnnouncingWorker"
-
-
-@pytest.fixture
-def server(redis_server_factory: RedisServerFactory) -> RedisServer:
-    return redis_server_factory()
-
-
-@pytest.fixture
-def sync(server: RedisServer) -> Iterator[SyncRedis]:
-    r = SyncRedis.from_url(server.url)
-    yield r
-    r.close()
 
 
 @pytest.mark.parametrize("liveness", ["lock", "session"])
@@ -48,7 +34,7 @@ def test_sigterm_with_default_settings_hands_everything_back_before_sigkill(
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     idle = [f"idle:{uid}:{i}" for i in range(5)]
     busy = f"busy:{uid}"
     for s in idle:

@@ -17,14 +17,13 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.cluster import RedisCluster as SyncRedisCluster
 
+from streamjobs._keys import Keys
 from streamjobs.testing import WorkerFleet
 from tests.harness.cluster import ClusterEndpoint
 from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
 
 from ._history import duplicates, history, wait_for
 from .workers import begun_key
-
-pytestmark = pytest.mark.faults
 
 TTL_S = 2.0
 TARGET = "tests.faults.workers:GroupRecordingWorker"
@@ -119,7 +118,7 @@ def start_fleet(
 
 
 def _members(r: Any, service: str, stream: str) -> dict[str, float]:
-    key = f"streamjobs:members:{service}:{{{stream}}}"
+    key = Keys(service).members(stream)
     found: list[tuple[bytes, float]] = r.zrange(key, 0, -1, withscores=True)
     return {m.decode(): score for m, score in found}
 
@@ -174,7 +173,7 @@ def test_kill_9_mid_handler(
     assert reclaim_s < TTL_S + 2.5
     # Only what the victim handled and had not acknowledged yet runs twice.
     assert {entry_id for _, entry_id in dups} <= handled_by_victim
-    assert sync.xlen(f"streamjobs:{{{service}}}:dlq") == 0
+    assert sync.xlen(Keys(service).dead_letters) == 0
     fleet.stop_all()
     assert_settled(sync, service, stream)
 
@@ -261,7 +260,7 @@ def test_poison_and_crash_loop_entries_are_dead_lettered_once(
     poison = produce(sync, stream, 1, {"poison": "1"})[0]
     crash = produce(sync, stream, 1, {"crash": "1"})[0]
     good += produce(sync, stream, 30, {"work_ms": "10"})
-    dlq = f"streamjobs:{{{service}}}:dlq"
+    dlq = Keys(service).dead_letters
     wait_for(lambda: sync.xlen(dlq) >= 2, 60, "two dead letters")
     wait_for(lambda: handled_ids(sync, service) >= set(good), 60, "every good entry handled")
     letters = {

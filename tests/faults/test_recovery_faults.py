@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from redis import Redis as SyncRedis
 
+from streamjobs._keys import Keys
 from streamjobs.testing import RedisServer
 from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
 
@@ -21,8 +21,6 @@ from ._history import (
     produce,
     wait_for,
 )
-
-pytestmark = pytest.mark.faults
 
 LOCK_TTL_S = 2.0
 # Lease sweep period (1 s) + notification jitter + intake block + one handler call.
@@ -37,18 +35,6 @@ ARGS = [
     "--grace", "2",
 ]  # fmt: skip
 TARGET = "tests.faults.workers:RecordingWorker"
-
-
-@pytest.fixture
-def server(redis_server_factory: RedisServerFactory) -> RedisServer:
-    return redis_server_factory()
-
-
-@pytest.fixture
-def sync(server: RedisServer) -> Iterator[SyncRedis]:
-    r = SyncRedis.from_url(server.url)
-    yield r
-    r.close()
 
 
 def recovery_time(records: list, victim: str, victim_streams: set[str], kill_ms: int) -> float:  # type: ignore[type-arg]
@@ -117,7 +103,7 @@ def test_kill_9_mid_handler(
     print(f"\nkill -9: owned={len(owned)} recovery_s={rt:.2f} duplicates={sum(dups.values())}")
     assert rt < LOCK_TTL_S + MARGIN_S
     assert len({(x.stream, x.id) for x in records}) == total
-    assert sync.xlen(f"streamjobs:{{{service}}}:dlq") == 0
+    assert sync.xlen(Keys(service).dead_letters) == 0
     assert_clean(sync, service, streams)
 
 
@@ -182,7 +168,7 @@ def test_poison_stream_reaches_the_dlq(
     stream = f"d:{uid}:poison"
     args = [*ARGS, "--max-retries", str(max_retries), "--liveness", liveness]
     fleet = worker_fleet_factory(server.url, "tests.faults.workers:PoisonWorker", args)
-    dlq = f"streamjobs:{{{service}}}:dlq"
+    dlq = Keys(service).dead_letters
     produce(sync, service, [stream], 3, {"poison": True})
     deaths = 0
     deadline = time.monotonic() + 60
@@ -200,12 +186,12 @@ def test_poison_stream_reaches_the_dlq(
     assert fields[b"stream"] == stream.encode()
     assert fields[b"_owner"].startswith(b"c")
     assert fields[b"_source_id"]
-    assert fields[b"_source_stream"] == f"streamjobs:{{{service}}}:lbs".encode()
+    assert fields[b"_source_stream"] == Keys(service).assignments.encode()
     assert deaths == max_retries + 1
     assert_clean(sync, service, [])
     # Under SESSION the last dead owner's lock has a ten-minute TTL: the dead-lettering
     # removes it. (The stream's entries stay pending: the job waits in the DLQ.)
-    assert not sync.exists(f"streamjobs:lock:{{{stream}}}"), "the dead owner's lock was left"
+    assert not sync.exists(Keys(service).lock(stream)), "the dead owner's lock was left"
 
 
 @pytest.mark.parametrize("liveness", ["lock", "session"])
@@ -289,8 +275,8 @@ def test_a_kill_between_dead_letter_and_ack_leaves_one_dead_letter(
     from streamjobs._wire import build_fields
 
     stream = f"d:{uid}"
-    lbs = f"streamjobs:{{{service}}}:lbs"
-    dlq = f"streamjobs:{{{service}}}:dlq"
+    lbs = Keys(service).assignments
+    dlq = Keys(service).dead_letters
     sync.xadd(lbs, build_fields(stream, {}))
     # A first read takes one entry: "a" alone, then "bad" and "die" in one batch.
     ids = {n: sync.xadd(stream, {"n": n}).decode() for n in ("a", "bad", "die", "z")}

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.faults
-
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY = re.compile(
     r"^summary: target=(?P<target>\S+) seed=(?P<seed>\d+) jobs=(?P<jobs>\d+) "

@@ -8,17 +8,13 @@ import re
 import signal
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
-import pytest
 from redis import Redis as SyncRedis
 
 from streamjobs.testing import RedisServer, WorkerFleet, free_port
-from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
+from tests.harness.plugin import WorkerFleetFactory
 
 from ._history import all_done, assert_clean, owners, produce, wait_for
-
-pytestmark = pytest.mark.faults
 
 TARGET = "tests.faults.workers:RecordingWorker"
 
@@ -42,18 +38,6 @@ def sample(text: str, name: str, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-@pytest.fixture
-def server(redis_server_factory: RedisServerFactory) -> RedisServer:
-    return redis_server_factory()
-
-
-@pytest.fixture
-def sync(server: RedisServer) -> Iterator[SyncRedis]:
-    r = SyncRedis(port=server.port)
-    yield r
-    r.close()
 
 
 def test_probes_follow_redis_through_an_outage(

@@ -11,36 +11,22 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis import Redis as SyncRedis
 
+from streamjobs._keys import Keys
 from streamjobs._wire import build_fields
 from streamjobs.testing import RedisServer
-from tests.harness.plugin import RedisServerFactory, WorkerFleetFactory
+from tests.harness.plugin import WorkerFleetFactory
 from tests.harness.processes import pid_alive
 
 from ._history import owners, wait_for
 from .workers import lifecycle_key, log_key
 
-pytestmark = pytest.mark.faults
-
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def redis_server(redis_server_factory: RedisServerFactory) -> RedisServer:
-    return redis_server_factory()
-
-
-@pytest.fixture
-def sync(redis_server: RedisServer) -> Iterator[SyncRedis]:
-    r = SyncRedis(port=redis_server.port)
-    yield r
-    r.close()
 
 
 def _url(server: RedisServer) -> str:
@@ -63,21 +49,19 @@ def _run(
 
 @pytest.mark.parametrize("target", ["make_pooled", "make_pooled_async"])
 def test_a_factory_builds_the_consumer_and_its_hooks_bracket_the_work(
-    redis_server: RedisServer,
+    server: RedisServer,
     sync: SyncRedis,
     service: str,
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
     target: str,
 ) -> None:
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     streams = [f"d:{uid}:{i}" for i in range(2)]
     for s in streams:
         sync.xadd(lbs, build_fields(s, {"work_ms": 1}))
         sync.xadd(s, {"n": "0"})
-    fleet = worker_fleet_factory(
-        _url(redis_server), f"tests.faults.workers:{target}", ["--grace", "2"]
-    )
+    fleet = worker_fleet_factory(_url(server), f"tests.faults.workers:{target}", ["--grace", "2"])
     worker = fleet.start("c0")
     wait_for(lambda: sync.llen(log_key(service)) == 2, 30, "both entries to be handled")
     assert len(owners(sync, service, streams)) == 2  # still open: no end marker
@@ -89,8 +73,8 @@ def test_a_factory_builds_the_consumer_and_its_hooks_bracket_the_work(
     assert owners(sync, service, streams) == {}
 
 
-def test_a_class_that_cannot_be_built_is_one_line(redis_server: RedisServer, service: str) -> None:
-    r = _run("tests.faults.workers:PooledWorker", service, redis_server)
+def test_a_class_that_cannot_be_built_is_one_line(server: RedisServer, service: str) -> None:
+    r = _run("tests.faults.workers:PooledWorker", service, server)
     assert r.returncode == 2, r.stderr
     [line] = r.stderr.strip().splitlines()
     assert line.startswith(
@@ -102,12 +86,12 @@ def test_a_class_that_cannot_be_built_is_one_line(redis_server: RedisServer, ser
 
 
 def test_a_failing_startup_hook_is_one_line_and_takes_nothing(
-    redis_server: RedisServer, sync: SyncRedis, service: str, uid: str
+    server: RedisServer, sync: SyncRedis, service: str, uid: str
 ) -> None:
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     stream = f"d:{uid}"
     sync.xadd(lbs, build_fields(stream, {"work_ms": 1}))
-    r = _run("tests.faults.workers:FailingStartup", service, redis_server)
+    r = _run("tests.faults.workers:FailingStartup", service, server)
     assert r.returncode == 1, r.stderr
     errors = [line for line in r.stderr.splitlines() if "Traceback" in line or "error" in line]
     assert errors == [
@@ -120,12 +104,12 @@ def test_a_failing_startup_hook_is_one_line_and_takes_nothing(
 
 
 def test_an_import_error_names_its_type_file_and_line(
-    redis_server: RedisServer, service: str, tmp_path: Path
+    server: RedisServer, service: str, tmp_path: Path
 ) -> None:
     (tmp_path / "broken_app.py").write_text("import os\nSETTINGS = {}\nDB = SETTINGS['db']\n")
     r = subprocess.run(
         [sys.executable, "-m", "streamjobs", "worker", "broken_app:Worker", "--service",
-         service, "--redis-url", _url(redis_server)],
+         service, "--redis-url", _url(server)],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
         capture_output=True,
@@ -141,18 +125,18 @@ def test_an_import_error_names_its_type_file_and_line(
 
 
 def test_status_tells_a_stopped_worker_from_a_killed_one(
-    redis_server: RedisServer,
+    server: RedisServer,
     sync: SyncRedis,
     service: str,
     uid: str,
     worker_fleet_factory: WorkerFleetFactory,
 ) -> None:
     # A consumer is listed once it has read the assignment stream: one stream each.
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     for i in range(2):
         sync.xadd(lbs, build_fields(f"d:{uid}:{i}", {"work_ms": 1}))
     fleet = worker_fleet_factory(
-        _url(redis_server),
+        _url(server),
         "tests.faults.workers:RecordingWorker",
         # LOCK liveness: the killed one's lock expires by itself (under SESSION it
         # stays until another consumer recovers it, and status counts its holder in).
@@ -163,7 +147,7 @@ def test_status_tells_a_stopped_worker_from_a_killed_one(
     def states() -> dict[str, str]:
         r = subprocess.run(
             [sys.executable, "-m", "streamjobs", "status", "--service", service, "--json",
-             "--redis-url", _url(redis_server)],
+             "--redis-url", _url(server)],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         if r.returncode == 1 and "no service" in r.stderr:
@@ -178,23 +162,23 @@ def test_status_tells_a_stopped_worker_from_a_killed_one(
     killed.proc.wait(timeout=15)
     # The killed one's session expires after a lock TTL; the stopped one ended its own.
     wait_for(lambda: states() == {"stopped": "stopped", "killed": "dead"}, 30, "stopped and dead")
-    assert sync.hget(f"streamjobs:{{{service}}}:stopped", "killed") is None
+    assert sync.hget(Keys(service).stopped, "killed") is None
 
 
 def test_workers_n_runs_restarts_and_stops_them_all(
-    redis_server: RedisServer, sync: SyncRedis, service: str, uid: str
+    server: RedisServer, sync: SyncRedis, service: str, uid: str
 ) -> None:
     """``--workers 2``: two consumers (NAME-0, NAME-1); one killed with SIGKILL is
     started again and logged; SIGTERM to the supervisor stops both gracefully (every
     stream handed back), exit 0, and no process is left."""
-    lbs = f"streamjobs:{{{service}}}:lbs"
+    lbs = Keys(service).assignments
     streams = [f"d:{uid}:{i}" for i in range(4)]
     for s in streams:
         sync.xadd(lbs, build_fields(s, {"work_ms": 1}))
         sync.xadd(s, {"n": "0"})
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "streamjobs", "worker", "tests.faults.workers:RecordingWorker",
-         "--service", service, "--redis-url", _url(redis_server), "--workers", "2",
+         "--service", service, "--redis-url", _url(server), "--workers", "2",
          "--consumer-name", "w", "--lock-ttl", "2"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -211,7 +195,7 @@ def test_workers_n_runs_restarts_and_stops_them_all(
         name = _consumer_name_of(victim)
         held = {
             s: t
-            for s, t in _lock_tokens(sync, streams).items()
+            for s, t in _lock_tokens(sync, service, streams).items()
             if owners(sync, service, [s])[s] == name
         }
         os.kill(victim, signal.SIGKILL)
@@ -225,7 +209,7 @@ def test_workers_n_runs_restarts_and_stops_them_all(
         )
 
         def resumed() -> bool:  # its session expired, its locks recovered and retaken
-            now = _lock_tokens(sync, streams)
+            now = _lock_tokens(sync, service, streams)
             return all(now.get(s) not in (None, token) for s, token in held.items())
 
         wait_for(resumed, 30, f"the streams {name} held to be resumed")
@@ -257,6 +241,6 @@ def _consumer_name_of(pid: int) -> str:
     return args[args.index(b"--consumer-name") + 1].decode()
 
 
-def _lock_tokens(sync: SyncRedis, streams: list[str]) -> dict[str, Any]:
-    tokens = {s: sync.get(f"streamjobs:lock:{{{s}}}") for s in streams}
+def _lock_tokens(sync: SyncRedis, service: str, streams: list[str]) -> dict[str, Any]:
+    tokens = {s: sync.get(Keys(service).lock(s)) for s in streams}
     return {s: t for s, t in tokens.items() if t is not None}

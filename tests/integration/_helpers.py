@@ -1,4 +1,5 @@
-"""Shared helpers of the integration tests: a recording consumer and polling."""
+"""Shared helpers of the integration tests: a recording consumer, polling, a SESSION
+configuration, and what a service holds in Redis."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
+from redis.asyncio import Redis as AsyncRedis
 
-from streamjobs import Message, StreamConsumer
+from streamjobs import ConsumerConfig, Liveness, Message, StreamConsumer
+from streamjobs._deadletter import parse_dead_letter
+from streamjobs._keys import Keys
 
 
 async def eventually(
@@ -49,3 +53,36 @@ class Recorder(StreamConsumer):
 
     async def on_stream_lost(self, stream: str) -> None:
         self.lost.append(stream)
+
+
+async def true(value: bool) -> bool:
+    """``value``, awaitable: ``eventually(lambda: true(len(c.handled) == 3))``."""
+    return value
+
+
+SESSION = ConsumerConfig(
+    lock_ttl_s=1.0, liveness=Liveness.SESSION, read_block_ms=100, max_concurrent_streams=20
+)
+"""``Liveness.SESSION`` with a 1 s lock TTL: a session (and a lock that names it) lives
+the long session TTL, a lock cut short at completion lives 1 s."""
+
+
+def decoded(fields: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+
+
+async def dead_letters(redis: AsyncRedis, service: str) -> list[Any]:
+    """The service's dead letters, parsed."""
+    return [
+        parse_dead_letter(i.decode(), decoded(f))
+        for i, f in await redis.xrange(Keys(service).dead_letters)
+    ]
+
+
+async def assert_nothing_held(redis: AsyncRedis, service: str, streams: list[str]) -> None:
+    """No lock of ``streams``, no assignment pending, no lease left."""
+    keys = Keys(service)
+    for s in streams:
+        assert await redis.exists(keys.lock(s)) == 0, f"lock of {s} left behind"
+    assert (await redis.xpending(keys.assignments, service))["pending"] == 0
+    assert await redis.zcard(keys.leases) == 0

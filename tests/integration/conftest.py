@@ -1,10 +1,19 @@
-"""The integration suite runs against a standalone server and against a real cluster."""
+"""The integration suite: real Redis (the session's server), run against a standalone
+server and against a real cluster. Every test here is marked ``redis``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.harness.markers import mark_folder
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_folder(items, Path(__file__).parent, pytest.mark.redis)
 
 
 @pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])

@@ -1,6 +1,7 @@
 """The lock and the first read in one MULTI (``Gateway.acquire_and_read``), against
 real Redis, standalone and cluster: what it returns in each case, and that a read
-queued behind an acquire that failed is claimed by the owner, in order."""
+queued behind an acquire that failed is claimed by the owner, in order; a retried
+acquire refreshes the lock's TTL."""
 
 from __future__ import annotations
 
@@ -258,3 +259,12 @@ async def test_a_failing_settlement_of_a_stale_read_only_leaves_it_pending(
     assert await _pending_of(redis, stream, gw.keys.group) == {"stalled": 1}
     [line] = [r.getMessage() for r in caplog.records]
     assert "settling 1 entries read after its lock was lost" in line
+
+
+async def test_a_retried_acquire_refreshes_the_lock_ttl(redis: Any, service: str) -> None:
+    gw = Gateway(redis, Keys(service))
+    stream = f"data:{service}"
+    assert await gw.streams.acquire(stream, "me:1", 5000)
+    await redis.pexpire(Keys(service).lock(stream), 200)
+    assert await gw.streams.acquire(stream, "me:1", 5000)  # a client retry finds its own token
+    assert await redis.pttl(Keys(service).lock(stream)) > 4000

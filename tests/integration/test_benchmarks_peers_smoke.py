@@ -13,8 +13,6 @@ import pytest
 from benchmarks import peers
 from benchmarks.hot_stream import BenchmarkError
 
-pytestmark = pytest.mark.redis
-
 N = 50
 ROUNDS = 2
 # A table row: contender, one rate per round, median rate, two ratios, commands/entry.

@@ -14,8 +14,6 @@ from redis.asyncio import Redis as AsyncRedis
 from benchmarks import hot_stream
 from benchmarks.hot_stream import BenchmarkError, Target, main
 
-pytestmark = pytest.mark.redis
-
 N = 2000
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from streamjobs import CancelOutcome, ConsumerConfig, Message, Producer
 from streamjobs._keys import Keys
 from tests.harness.plugin import ConsumerFactory
 
-from ._helpers import Recorder, eventually
+from ._helpers import Recorder, eventually, true
 
 pytestmark = pytest.mark.anyio
 
@@ -135,7 +135,7 @@ async def test_an_idle_owned_stream_is_woken_and_ended(
 class Slow(Cancellable):
     async def handle(self, message: Message) -> None:
         await super().handle(message)
-        await anyio.sleep(0.05)
+        await anyio.sleep(0.05)  # slow on purpose: the batch is still being handled
 
 
 async def test_a_batch_of_slow_entries_stops_at_the_next_lock_check(
@@ -208,10 +208,10 @@ async def test_a_cancel_with_the_default_reason_stops_a_busy_owner(
         await producer.append(stream, {"n": str(i)})
     consumer = consumer_factory(Slow, config=ConsumerConfig(read_batch_size=10))
     async with consumer:
-        await eventually(lambda: _true(len(consumer.handled) >= 3))
+        await eventually(lambda: true(len(consumer.handled) >= 3))
         assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
         seen = len(consumer.handled)
-        await eventually(lambda: _true(consumer.cancelled == [(stream, "")]))
+        await eventually(lambda: true(consumer.cancelled == [(stream, "")]))
         assert len(consumer.handled) <= seen + 5, (seen, len(consumer.handled))
     await assert_nothing_left(redis, service, stream)
 
@@ -228,10 +228,10 @@ async def test_cancelling_idle_owned_streams_leaves_no_marker(
         await producer.append(s, {"n": "0"})
     consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
     async with consumer:
-        await eventually(lambda: _true(len(consumer.handled) == len(streams)))
+        await eventually(lambda: true(len(consumer.handled) == len(streams)))
         for s in streams:
             assert await producer.cancel_stream(s, "stop") is CancelOutcome.SIGNALLED
-        await eventually(lambda: _true(len(consumer.cancelled) == len(streams)))
+        await eventually(lambda: true(len(consumer.cancelled) == len(streams)))
     for s in streams:
         await assert_nothing_left(redis, service, s)
 
@@ -247,23 +247,19 @@ async def test_a_late_cancel_does_not_cancel_the_next_job_of_the_same_name(
     await producer.close_stream(stream)
     consumer = consumer_factory(Cancellable)
     async with consumer:
-        await eventually(lambda: _true(len(consumer.handled) == 2))
+        await eventually(lambda: true(len(consumer.handled) == 2))
         # The owner holds the end marker in its batch: this cancel is moot, and must
         # leave nothing in the stream for the next job to read.
         assert await producer.cancel_stream(stream, "late") is CancelOutcome.SIGNALLED
         consumer.gate.set()
-        await eventually(lambda: _true(consumer.ended == [stream]))
+        await eventually(lambda: true(consumer.ended == [stream]))
         await producer.add_stream(stream)
         await producer.append(stream, {"n": "job2"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(consumer.ended == [stream, stream]))
+        await eventually(lambda: true(consumer.ended == [stream, stream]))
     assert consumer.cancelled == []
     assert [h[3] for h in consumer.handled] == ["0", "hold", "job2"]
     await assert_nothing_left(redis, service, stream)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_a_job_cancelled_before_it_was_read_leaves_nothing_for_the_next(
@@ -281,7 +277,7 @@ async def test_a_job_cancelled_before_it_was_read_leaves_nothing_for_the_next(
     await producer.close_stream(stream)
     consumer = consumer_factory(Cancellable)
     async with consumer:
-        await eventually(lambda: _true(consumer.ended == [stream]))
+        await eventually(lambda: true(consumer.ended == [stream]))
     assert [h[3] for h in consumer.handled] == ["new"]
     await assert_nothing_left(redis, service, stream)
 
@@ -300,16 +296,16 @@ async def test_an_idle_job_of_a_reused_name_is_woken_by_its_cancel(
     await producer.close_stream(stream)
     consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
     async with consumer:
-        await eventually(lambda: _true(consumer.ended == [stream]))
+        await eventually(lambda: true(consumer.ended == [stream]))
         await producer.add_stream(stream)  # job 2: nothing appended yet
-        await eventually(lambda: _true(consumer.started == [stream, stream]))
+        await eventually(lambda: true(consumer.started == [stream, stream]))
         with anyio.fail_after(3):  # before the 4 s blocking read would end
             assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
-            await eventually(lambda: _true(consumer.cancelled == [(stream, "")]))
+            await eventually(lambda: true(consumer.cancelled == [(stream, "")]))
         await producer.add_stream(stream)  # job 3 starts after job 2's cancel
         await producer.append(stream, {"n": "job3"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(consumer.ended == [stream, stream]))
+        await eventually(lambda: true(consumer.ended == [stream, stream]))
     assert consumer.cancelled == [(stream, "")]
     assert [h[3] for h in consumer.handled] == ["job1", "job3"]
     await assert_nothing_left(redis, service, stream)
@@ -338,9 +334,9 @@ async def test_a_cancel_is_not_lost_when_the_previous_end_has_the_jobs_own_id(
     await producer.close_stream(stream)
     consumer = consumer_factory(Cancellable, config=ConsumerConfig(read_block_ms=4000))
     async with consumer:
-        await eventually(lambda: _true(consumer.ended == [stream]))
+        await eventually(lambda: true(consumer.ended == [stream]))
         job = await producer.add_stream(stream)
-        await eventually(lambda: _true(consumer.started == [stream, stream]))
+        await eventually(lambda: true(consumer.started == [stream, stream]))
         top = (await redis.xrevrange(stream, count=1))[0][0].decode()
         if (int(top.split("-")[0]), int(top.split("-")[1])) >= tuple(map(int, job.split("-"))):
             pytest.skip("the end marker is not older than the job's id here")
@@ -349,6 +345,6 @@ async def test_a_cancel_is_not_lost_when_the_previous_end_has_the_jobs_own_id(
         await redis.eval(PLACE_AND_SKIP, 1, stream, job, keys.group)
         with anyio.fail_after(3):  # before the 4 s blocking read would end
             assert await producer.cancel_stream(stream) is CancelOutcome.SIGNALLED
-            await eventually(lambda: _true(consumer.cancelled == [(stream, "")]))
+            await eventually(lambda: true(consumer.cancelled == [(stream, "")]))
     assert consumer.ended == [stream]
     await assert_nothing_left(redis, service, stream)

@@ -350,7 +350,7 @@ async def run_to_the_end(
             return [h[3] for h in consumer.handled] == expected and bool(consumer.ended)
 
         await eventually(done)
-        await anyio.sleep(0.3)  # nothing more comes
+        await anyio.sleep(0.3)  # a window in which nothing more may come (each entry once)
     assert [h[3] for h in consumer.handled] == expected, "each once, in dead-letter order"
     return consumer
 
@@ -447,7 +447,7 @@ async def test_separate_replays_while_a_consumer_runs(
                 await eventually(handled)
             else:
                 assert isinstance(pause_s, float)
-                await anyio.sleep(pause_s)
+                await anyio.sleep(pause_s)  # the pause between replays under test
 
         async def done() -> bool:
             return [h[3] for h in consumer.handled] == expected and (
@@ -456,7 +456,7 @@ async def test_separate_replays_while_a_consumer_runs(
             )
 
         await eventually(done)
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # a window in which nothing more may come (each entry once)
     assert [h[3] for h in consumer.handled] == expected, "each once, in dead-letter order"
     assert consumer.ended
     assert set(consumer.ended) == {stream}
@@ -513,6 +513,8 @@ async def test_a_replay_into_a_running_stream_closed_by_its_producer(
 
 
 async def later(delay_s: float, action: Callable[[], Any]) -> None:
+    """``action()`` after ``delay_s``: the job ends while the replay waits for it (the
+    delay is the point, nothing in Redis shows that the replay is waiting)."""
     await anyio.sleep(delay_s)
     action()
 
@@ -555,6 +557,8 @@ async def test_a_replay_waits_for_a_job_past_its_end_marker(
     assert await redis.xlen(keys.assignments) == 0
 
     async def that_job_finishes() -> None:
+        # The job ends while the replay waits for it (up to BUSY_WAIT_S, 10 s now): the
+        # delay is the point, nothing in Redis shows that the replay is waiting.
         await anyio.sleep(0.5)
         if why == "lock":
             await redis.delete(keys.lock(stream))

@@ -67,7 +67,6 @@ def port_open(port: int) -> bool:
         return False
 
 
-@pytest.mark.redis
 @pytest.mark.faults
 def test_demo_kills_a_consumer_and_loses_nothing(redis_url: str) -> None:
     proc = run_demo("--redis-url", redis_url, "--streams", "6", "--entries", "20")

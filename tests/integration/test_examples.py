@@ -93,7 +93,6 @@ def last_line(r: CompletedProcess[str]) -> str:
     return lines[-1]
 
 
-@pytest.mark.redis
 def test_minimal_example_runs(redis_url: str) -> None:
     r = run_example("minimal/consumer.py", redis_url)
     assert last_line(r) == "done: 2 streams finished, 4 entries handled"
@@ -111,7 +110,6 @@ FLEET_SUMMARY = re.compile(
 )
 
 
-@pytest.mark.redis
 @pytest.mark.faults
 def test_fleet_example_survives_a_kill_and_stops_its_workers(redis_url: str) -> None:
     r = run_example("fleet/run.py", redis_url, timeout_s=90)
@@ -133,7 +131,6 @@ PROMETHEUS_SUMMARY = re.compile(
 )
 
 
-@pytest.mark.redis
 def test_prometheus_example_scrapes_its_metrics(redis_url: str) -> None:
     r = run_example("prometheus/worker.py", redis_url)
     match = PROMETHEUS_SUMMARY.match(last_line(r))
@@ -151,7 +148,6 @@ def test_prometheus_example_scrapes_its_metrics(redis_url: str) -> None:
     assert ":9464" in config  # the port the README gives --metrics-port
 
 
-@pytest.mark.redis
 def test_retry_deadletter_example_dead_letters_two(redis_url: str) -> None:
     r = run_example("retry_deadletter/consumer.py", redis_url)
     assert last_line(r) == "done: handled 2 (p2 after 2 retries), dead-lettered 2"
@@ -180,7 +176,6 @@ def test_shared_group_example_sends_each_email_once(redis_url: str) -> None:
     assert keys_left(redis_url, service_of(r)) == []
 
 
-@pytest.mark.redis
 def test_dlq_example_replays_after_the_fix(redis_url: str) -> None:
     r = run_example("dlq/inspect_and_replay.py", redis_url)
     assert last_line(r) == "done: 2 dead-lettered, 2 replayed and handled, 0 left"
@@ -206,7 +201,6 @@ CANCEL_SUMMARY = re.compile(
 )
 
 
-@pytest.mark.redis
 def test_cancel_example_removes_and_signals(redis_url: str) -> None:
     r = run_example("cancel/cancel_stream.py", redis_url)
     match = CANCEL_SUMMARY.match(last_line(r))
@@ -222,13 +216,13 @@ def test_cancel_example_removes_and_signals(redis_url: str) -> None:
     assert keys_left(redis_url, service) == []
 
 
-@pytest.mark.redis
 def test_resources_example_opens_and_closes_its_archive_around_the_work(
     redis_url: str, service: str, uid: str, tmp_path: Path
 ) -> None:
     import json
     import time
 
+    from streamjobs._keys import Keys
     from streamjobs._wire import EOS_FIELD, EOS_VALUE, build_fields
 
     archive = tmp_path / "archive.jsonl"
@@ -236,7 +230,7 @@ def test_resources_example_opens_and_closes_its_archive_around_the_work(
     with SyncRedis.from_url(redis_url) as client:
         client.xadd(stream, {"text": "hello"})
         client.xadd(stream, {EOS_FIELD: EOS_VALUE})
-        client.xadd(f"streamjobs:{{{service}}}:lbs", build_fields(stream, {}))
+        client.xadd(Keys(service).assignments, build_fields(stream, {}))
         worker = subprocess.Popen(
             [sys.executable, "-m", "streamjobs", "worker", "resources.app:make",
              "--service", service, "--redis-url", redis_url],
@@ -282,7 +276,6 @@ def test_every_example_answers_help(program: str) -> None:
     assert "--help" in r.stdout
 
 
-@pytest.mark.redis
 def test_an_example_given_no_url_runs_on_a_private_server(require_redis_server: str) -> None:
     """Not on whatever answers at 6379: nothing of the run may land there."""
     env = {k: v for k, v in os.environ.items() if k != "STREAMJOBS_REDIS_URL"}

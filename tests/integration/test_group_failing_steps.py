@@ -24,7 +24,7 @@ from streamjobs._keys import Keys
 from streamjobs.group import group_runtime_of
 from tests.harness.plugin import cluster_mode_for
 
-from ._helpers import eventually
+from ._helpers import eventually, true
 
 pytestmark = pytest.mark.anyio
 
@@ -90,7 +90,7 @@ class Worker(GroupConsumer):
             await self.release.wait()
         if message.fields.get("poison"):
             raise ValueError("poison")
-        await anyio.sleep(0.005)
+        await anyio.sleep(0.005)  # handling takes a moment, as real work does
         self.handled.append(message.id)
 
 
@@ -152,18 +152,18 @@ async def test_a_failing_call_at_each_step_loses_nothing(
         member = group_runtime_of(second).lanes[0].member
         await redis.zadd(keys.members(stream), {member: 1})
         good = {entry_id for i, entry_id in enumerate(ids) if i != POISON}
-        await eventually(lambda: _true(handled() >= good), timeout_s=30)
+        await eventually(lambda: true(handled() >= good), timeout_s=30)
         second.release.set()  # its call returns; its acknowledgement is refused
         # A graceful stop (leaving): what it read again and did not handle goes at once.
         await second.aclose()
         for i in range(ENTRIES, ENTRIES + 10):
             ids.append((await redis.xadd(stream, {"n": str(i)})).decode())
             good.add(ids[-1])
-        await eventually(lambda: _true(handled() >= good), timeout_s=30)
+        await eventually(lambda: true(handled() >= good), timeout_s=30)
         await eventually(lambda: _settled(redis, stream, service), timeout_s=30)
         if step != "leave":  # (called once per consumer, at its stop)
             # A periodic step (the heartbeat, trimming) may not have failed twice yet.
-            await eventually(lambda: _true(faults.failed == 2), timeout_s=20)
+            await eventually(lambda: true(faults.failed == 2), timeout_s=20)
         # The stream is listed for `streamjobs status` (a failed listing is retried).
         await eventually(lambda: _listed(redis, keys.group_streams, stream), timeout_s=20)
         await first.aclose()
@@ -188,7 +188,3 @@ async def _settled(redis: Any, stream: str, group: str) -> bool:
 
 async def _listed(redis: Any, key: str, stream: str) -> bool:
     return bool(await redis.sismember(key, stream))
-
-
-async def _true(value: bool) -> bool:
-    return value

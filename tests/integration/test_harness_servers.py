@@ -22,8 +22,6 @@ from tests.harness.keys import delete_keys_containing
 from tests.harness.plugin import ROOT, RedisServerFactory
 from tests.harness.processes import pid_alive, wait_dead
 
-pytestmark = pytest.mark.redis
-
 
 def _client(server: RedisServer) -> SyncRedis:
     return SyncRedis.from_url(server.url, socket_timeout=5, socket_connect_timeout=5)

@@ -23,15 +23,11 @@ from streamjobs._redis import ACQUIRED, ACQUIRED_ENDED, ENDED_MARKER_TTL_MS, Gat
 from streamjobs.dlq import DeadLetters
 from tests.harness.plugin import ConsumerFactory
 
-from ._helpers import Recorder, eventually
+from ._helpers import Recorder, eventually, true
 
 pytestmark = pytest.mark.anyio
 
 FAST = ConsumerConfig(read_block_ms=200)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 class _FinishesEarly(Recorder):
@@ -76,14 +72,14 @@ async def test_entries_appended_after_an_early_finish_never_reach_the_next_job(
     await _job(producer, stream, ("0", "stop", "2"))
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
-        await eventually(lambda: _true(c.ended == [stream]))
+        await eventually(lambda: true(c.ended == [stream]))
         # The first job's producer does not know it ended: it goes on, and closes it.
         await producer.append(stream, {"n": "late"})
         await producer.close_stream(stream)
         job2 = await producer.add_stream(stream)
         await producer.append(stream, {"n": "job2"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(c.ended == [stream, stream]))
+        await eventually(lambda: true(c.ended == [stream, stream]))
     assert _ns(c) == ["0", "stop", "job2"]
     assert (await redis.xpending(stream, service))["pending"] == 0
     # Job 1's marker went when job 2 started; job 2's normal end left its own.
@@ -105,7 +101,7 @@ async def test_entries_appended_after_a_queued_job_was_cancelled_are_skipped(
     await producer.close_stream(stream)
     c = consumer_factory(Recorder, config=FAST)
     async with c:
-        await eventually(lambda: _true(c.ended == [stream]))
+        await eventually(lambda: true(c.ended == [stream]))
     assert _ns(c) == ["job2"]
 
 
@@ -178,12 +174,12 @@ async def test_a_replay_into_a_stream_whose_job_ended_early_skips_the_leftovers(
     await _job(producer, stream, ("reject", "stop"), {"job": 1})
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
-        await eventually(lambda: _true(c.ended == [stream]))
+        await eventually(lambda: true(c.ended == [stream]))
         await producer.append(stream, {"n": "late"})
         letters = DeadLetters(redis, service=service)
         report = await letters.replay(DeadLetterFilter(reason="not yet"))
         assert len(report.replayed) == 1, report
-        await eventually(lambda: _true(len(c.ended) == 2))
+        await eventually(lambda: true(len(c.ended) == 2))
     assert _ns(c) == ["stop", "reject"]
 
 
@@ -205,10 +201,10 @@ async def test_an_early_end_in_one_service_leaves_another_services_job_alone(
     a = consumer_factory(_FinishesEarly, config=FAST)
     b = consumer_factory(_Plain, config=FAST, service=other)
     async with a, b:
-        await eventually(lambda: _true(a.ended == [stream]))
+        await eventually(lambda: true(a.ended == [stream]))
         await producer.append(stream, {"n": "3"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(b.ended == [stream]))
+        await eventually(lambda: true(b.ended == [stream]))
     assert _ns(a) == ["0", "stop"]
     assert _ns(b) == ["0", "stop", "2", "3"], "service B's job is not A's to end"
     assert (await redis.get(Keys(service).ended(stream)) or b"").startswith(b"e ")
@@ -254,20 +250,20 @@ async def test_a_replay_waits_while_a_later_job_of_the_name_runs(
     await producer.close_stream(stream)
     c = consumer_factory(_RejectsJobOne, config=FAST)
     async with c:
-        await eventually(lambda: _true(len(c.jobs) == 0 and c.ended == [stream]))
+        await eventually(lambda: true(len(c.jobs) == 0 and c.ended == [stream]))
         await producer.add_stream(stream, {"job": 2})
         await producer.append(stream, {"n": "a"})
-        await eventually(lambda: _true(c.jobs == [("a", "2")]))
+        await eventually(lambda: true(c.jobs == [("a", "2")]))
         # Job 2 runs: the entry of job 1 would be handed to it as its own.
         report = await letters.replay(DeadLetterFilter(reason="not yet"))
         assert report.replayed == []
         [(_, why)] = report.skipped
         assert "later job" in why, why
         await producer.close_stream(stream)
-        await eventually(lambda: _true(c.ended == [stream, stream]))
+        await eventually(lambda: true(c.ended == [stream, stream]))
         report = await letters.replay(DeadLetterFilter(reason="not yet"))
         assert len(report.replayed) == 1, report
-        await eventually(lambda: _true(len(c.ended) == 3))
+        await eventually(lambda: true(len(c.ended) == 3))
     assert c.jobs == [("a", "2"), ("reject", "1")], "replayed as a job of its own, job 1's info"
 
 
@@ -283,13 +279,13 @@ async def test_entries_appended_after_a_normal_end_never_reach_the_next_job(
     await producer.close_stream(stream)
     c = consumer_factory(Recorder, config=FAST)
     async with c:
-        await eventually(lambda: _true(c.ended == [stream]))
+        await eventually(lambda: true(c.ended == [stream]))
         await producer.append(stream, {"n": "late"})
         await producer.close_stream(stream)
         await producer.add_stream(stream)
         await producer.append(stream, {"n": "job2"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(c.ended == [stream, stream]))
+        await eventually(lambda: true(c.ended == [stream, stream]))
     assert _ns(c) == ["0", "job2"]
 
 
@@ -303,17 +299,17 @@ async def test_a_replayed_job_ends_and_later_appends_stay_with_it(
     await _job(producer, stream, ("reject", "stop"), {"job": 1})
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
-        await eventually(lambda: _true(c.ended == [stream]))
+        await eventually(lambda: true(c.ended == [stream]))
         report = await DeadLetters(redis, service=service).replay(
             DeadLetterFilter(reason="not yet")
         )
         assert len(report.replayed) == 1, report
-        await eventually(lambda: _true(len(c.ended) == 2))
+        await eventually(lambda: true(len(c.ended) == 2))
         await producer.append(stream, {"n": "late"})  # job 1's producer goes on
         await producer.add_stream(stream, {"job": 2})
         await producer.append(stream, {"n": "job2"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(len(c.ended) == 3))
+        await eventually(lambda: true(len(c.ended) == 3))
     assert _ns(c) == ["stop", "reject", "job2"]
 
 
@@ -334,7 +330,7 @@ async def test_a_stalled_owners_late_read_of_an_ended_jobs_tail_is_not_the_next_
     c = consumer_factory(_FinishesEarly, config=FAST)
     async with c:
         if end == "cancel":
-            await eventually(lambda: _true(_ns(c) == ["0"]))
+            await eventually(lambda: true(_ns(c) == ["0"]))
             await producer.cancel_stream(stream)
         keys = Keys(service)
 
@@ -350,7 +346,7 @@ async def test_a_stalled_owners_late_read_of_an_ended_jobs_tail_is_not_the_next_
         await redis.xreadgroup(service, "stalled", {stream: ">"})
         assert (await redis.xpending(stream, service))["pending"] == 2
         await _job(producer, stream, ["job2"], close=True)
-        await eventually(lambda: _true("job2" in _ns(c)))
+        await eventually(lambda: true("job2" in _ns(c)))
 
         async def job2_over() -> bool:
             return not await redis.exists(keys.lock(stream))
@@ -383,9 +379,9 @@ async def test_a_previous_end_marker_of_the_same_millisecond_is_not_the_new_jobs
     await redis.xadd(keys.assignments, build_fields(stream, {"job": "2"}), id=f"{t}-0")
     c = consumer_factory(Recorder, config=FAST)
     async with c:
-        await eventually(lambda: _true(stream in c.owned_streams))
+        await eventually(lambda: true(stream in c.owned_streams))
         producer = Producer(redis, service=service)
         await producer.append(stream, {"n": "job2"})
         await producer.close_stream(stream)
-        await eventually(lambda: _true(c.ended == [stream]))
+        await eventually(lambda: true(c.ended == [stream]))
     assert [h[3] for h in c.handled] == ["job2"]

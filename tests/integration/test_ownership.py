@@ -1,4 +1,4 @@
-"""Core runtime behaviour against real Redis (issue: core runtime)."""
+"""Core runtime behaviour against real Redis."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ async def test_fenced_read_refuses_a_stale_token(redis: AsyncRedis, service: str
 
 class Slow(Recorder):
     async def handle(self, message: Message) -> None:
-        await anyio.sleep(0.02)
+        await anyio.sleep(0.02)  # slow on purpose: entries stay in flight a while
         await super().handle(message)
 
 

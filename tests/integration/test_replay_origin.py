@@ -1,5 +1,5 @@
 """A replayed dead entry keeps where it came from: its job's ``info`` and its original
-id (issue 21, item 12), against real Redis."""
+id, against real Redis."""
 
 from __future__ import annotations
 

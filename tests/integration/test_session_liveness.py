@@ -21,7 +21,7 @@ from streamjobs._keys import Keys
 from streamjobs._session import member, session_token
 from tests.harness.plugin import ConsumerFactory
 
-from ._helpers import Recorder, eventually
+from ._helpers import Recorder, eventually, true
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +54,7 @@ async def test_heartbeats_renew_the_session_not_the_locks(
     keys = Keys(service)
     c = consumer_factory(Recorder, config=SESSION, recovery=FAST, consumer_name="s1")
     async with c:
-        await eventually(lambda: _true(len(c.handled) == 5))
+        await eventually(lambda: true(len(c.handled) == 5))
         session = await redis.get(keys.session("s1"))
         assert session is not None
         incarnation = json.loads(session)["incarnation"]
@@ -90,7 +90,7 @@ async def test_a_stop_that_leaves_an_assignment_pending_keeps_its_member_due(
     async with c:
         incarnation = json.loads(await redis.get(keys.session("s1")))["incarnation"]
         await queue(redis, service, [f"d:{uid}:0"], close=False)
-        await eventually(lambda: _true(len(c.handled) == 1))
+        await eventually(lambda: true(len(c.handled) == 1))
         await queue(redis, service, [f"d:{uid}:1"], close=False)
         reply: Any = await redis.xreadgroup(service, "s1", {keys.assignments: ">"}, count=1)
         assert len(reply[0][1]) == 1
@@ -103,10 +103,6 @@ async def test_a_stop_that_leaves_an_assignment_pending_keeps_its_member_due(
 
 async def _session_renewed(redis: AsyncRedis, key: str) -> bool:
     return int(await redis.pttl(key)) > 900
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def strand_with_dead_session(
@@ -145,7 +141,7 @@ async def test_a_dead_session_is_recovered_by_any_consumer(
     recovery = RecoveryConfig(interval_s=600, min_idle_s=600, lease_check_interval_s=0.2)
     c = consumer_factory(Recorder, config=config, recovery=recovery, consumer_name="live")
     async with c:
-        await eventually(lambda: _true(sorted(c.ended) == sorted(streams)), timeout_s=15)
+        await eventually(lambda: true(sorted(c.ended) == sorted(streams)), timeout_s=15)
     assert sorted(s for _, s, _, _ in c.handled) == sorted(streams)
     # The dead locks were taken over and released; the member went.
     assert all([await redis.get(keys.lock(s)) is None for s in streams])
@@ -162,21 +158,21 @@ async def test_a_replaced_session_loses_its_streams_and_they_are_recovered(
     await queue(redis, service, streams, close=False)
     c = consumer_factory(Recorder, config=SESSION, recovery=FAST, consumer_name="s1")
     async with c:
-        await eventually(lambda: _true(c.owned_streams == frozenset(streams)))
+        await eventually(lambda: true(c.owned_streams == frozenset(streams)))
         first = json.loads(await redis.get(keys.session("s1")))["incarnation"]
         # As if the session had expired and a restart under the same name had begun.
         await redis.set(keys.session("s1"), json.dumps({"incarnation": "f" * 16}), px=60_000)
-        await eventually(lambda: _true(sorted(c.lost) == sorted(streams)), timeout_s=10)
+        await eventually(lambda: true(sorted(c.lost) == sorted(streams)), timeout_s=10)
         # A new incarnation starts; the sweep recovers the old one's streams, and this
         # very consumer takes them again under its new session.
-        await eventually(lambda: _true(c.owned_streams == frozenset(streams)), timeout_s=15)
+        await eventually(lambda: true(c.owned_streams == frozenset(streams)), timeout_s=15)
         second = json.loads(await redis.get(keys.session("s1")))["incarnation"]
         assert second not in (first, "f" * 16)
         producer = Producer(redis, service=service)
         for s in streams:
             await producer.append(s, {"n": "1"})
             await producer.close_stream(s)
-        await eventually(lambda: _true(sorted(c.ended) == sorted(streams)), timeout_s=15)
+        await eventually(lambda: true(sorted(c.ended) == sorted(streams)), timeout_s=15)
     assert sorted(n for _, _, _, n in c.handled if n == "1") == ["1", "1", "1"]
     assert (await redis.xpending(keys.assignments, service))["pending"] == 0
     assert all([await redis.get(keys.lock(s)) is None for s in streams])

@@ -4,6 +4,7 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from streamjobs import ConsumerConfig, Producer, RecoveryConfig
+from streamjobs._keys import Keys
 from tests.harness.plugin import ConsumerFactory
 
 from ._helpers import Recorder, eventually
@@ -32,4 +33,4 @@ async def test_one_stream_end_to_end(
 
         await eventually(done, timeout_s=10)
     assert [h[3] for h in c.handled] == ["0", "1", "2", "3", "4"]
-    assert await redis.exists(f"streamjobs:lock:{{{stream}}}") == 0
+    assert await redis.exists(Keys(service).lock(stream)) == 0

@@ -1,5 +1,5 @@
 """A plain ``def handle()``: run in a worker thread with the same retries, timeout and
-dead letters as a coroutine handler (issue 21, item 11), against real Redis."""
+dead letters as a coroutine handler, against real Redis."""
 
 from __future__ import annotations
 

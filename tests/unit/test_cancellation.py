@@ -24,7 +24,7 @@ import pytest
 
 from streamjobs import Message
 from streamjobs._wire import FIRST_ID_FIELD, RETRY_FIELD
-from tests.fakes.gateway import FakeGateway, Gate, ManualClock
+from tests.fakes.gateway import FakeGateway, Gate
 from tests.fakes.runtime import (
     FAST,
     RecordingHooks,
@@ -41,11 +41,6 @@ RETRY_COUNT = "3"
 """Every assignment here has been re-queued by recovery before: it must stay at 3."""
 
 Outcome = Literal["finished", "requeued"]
-
-
-@pytest.fixture
-def fake() -> FakeGateway:
-    return FakeGateway(clock=ManualClock())
 
 
 def add_assignment(fake: FakeGateway, stream: str = "s1") -> str:

@@ -15,16 +15,10 @@ from tests.fakes.runtime import (
     assert_nothing_held,
     eventually,
     make_runtime,
-    manual_fake,
     running,
 )
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake() -> FakeGateway:
-    return manual_fake()
 
 
 class Observing(RecordingHooks):

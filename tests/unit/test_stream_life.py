@@ -26,16 +26,10 @@ from tests.fakes.runtime import (
     assert_nothing_held,
     eventually,
     make_runtime,
-    manual_fake,
     running,
 )
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def fake() -> FakeGateway:
-    return manual_fake()
 
 
 async def test_stream_is_handled_in_order_and_finished_by_its_end_marker(

@@ -1,13 +1,14 @@
-"""The model of issue 21 (tests/harness/seams_model.py) against real Redis and the real
-scripts: a smaller run than over the in-memory gateway (tests/unit/test_seams_model.py),
-since every step waits on a real server. Both liveness modes.
+"""The model of where features meet (tests/harness/seams_model.py) against real Redis
+and the real scripts: a smaller run than over the in-memory gateway
+(tests/model/test_seams_model.py), since every step waits on a real server. Both
+liveness modes.
 
 Its first runs found two defects, both fixed (a job cancelled before it was read left
 its entries to the next job of the name; a cancel racing its job's own end left the
 cancel marker behind). A bounded run is part of every test run; a longer one:
 
     STREAMJOBS_MODEL_EXAMPLES=15 STREAMJOBS_MODEL_STEPS=20 .venv/bin/python -m pytest \
-        tests/integration/test_seams_model_redis.py -q -p no:logging
+        tests/model/test_seams_model_redis.py -q -p no:logging
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from redis.asyncio import Redis as AsyncRedis
 
 from streamjobs import Liveness
 from tests.harness.seams_model import RedisWorld, SeamsModel, World, run
-
-pytestmark = pytest.mark.redis
 
 EXAMPLES = int(os.environ.get("STREAMJOBS_MODEL_EXAMPLES", "3"))
 STEPS = int(os.environ.get("STREAMJOBS_MODEL_STEPS", "10"))

@@ -9,9 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from streamjobs.testing import SERVER_ENV_VAR, fake_redis
+from streamjobs.testing import SERVER_ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVERS = ("redis-server", "valkey-server")
@@ -31,26 +29,3 @@ def test_the_testing_example_passes_with_no_server_on_the_path() -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 passed" in r.stdout
-
-
-def test_two_clients_are_two_servers() -> None:
-    import anyio
-
-    async def check() -> None:
-        one, two = fake_redis(), fake_redis()
-        await one.set("k", "1")
-        assert await two.get("k") is None
-        assert (await one.info("memory"))["maxmemory_policy"] == "noeviction"
-
-    anyio.run(check)
-
-
-def test_a_missing_fakeredis_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "lupa" else real(name, *a)
-    )
-    with pytest.raises(ImportError, match=r"lupa missing\): pip install 'streamjobs\[testing\]'"):
-        fake_redis()

@@ -1,4 +1,4 @@
-"""A stateful model test of where features meet (issue 21), over the in-memory gateway.
+"""A stateful model test of where features meet, over the in-memory gateway.
 
 The machine is :class:`tests.harness.seams_model.SeamsModel`; here it runs over the
 in-memory gateway. Hypothesis drives two consumers (real ``Runtime`` objects, each
@@ -28,7 +28,7 @@ dead-lettered), and nothing is locked, leased, pending, indexed or marked.
 The bounded run here is part of every test run. The long run:
 
     STREAMJOBS_MODEL_EXAMPLES=200 STREAMJOBS_MODEL_STEPS=30 \
-        .venv/bin/python -m pytest tests/unit/test_seams_model.py -q -p no:logging
+        .venv/bin/python -m pytest tests/model/test_seams_model.py -q -p no:logging
 
 (no per-test timeout then; about 5 minutes per liveness mode on 2 cores). On the code
 of 2026-11-26 it finds nothing: 200 examples of 30 steps per mode passed, on a machine
@@ -42,9 +42,10 @@ stalled owner's last read took after the job ended, left pending for good (fixed
 ``stray.lua``).
 
 A smaller run of the same machine goes against real Redis and the real scripts, DLQ
-replays included (tests/integration/test_seams_model_redis.py, part of every run). Not
+replays included (tests/model/test_seams_model_redis.py, part of every run). Not
 modelled: two services on one stream (the fake keeps one group per stream);
-tests/integration/test_seams.py and test_job_identity.py cover it against real Redis.
+tests/integration/test_session_recovery.py and test_job_identity.py cover it against
+real Redis.
 """
 
 from __future__ import annotations
