@@ -15,7 +15,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -147,10 +147,16 @@ def make_runtime(
     return Runtime(parts, cluster_mode=cluster_mode)
 
 
+class Startable(Protocol):
+    """A consumer kind's runtime (``Runtime`` or ``GroupRuntime``)."""
+
+    async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None: ...
+
+
 class Running:
     """A runtime running in a task of its own (see :func:`running`)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Startable) -> None:
         self.runtime = runtime
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
