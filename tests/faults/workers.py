@@ -14,8 +14,29 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+from redis.asyncio import Redis
+from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
 from streamjobs import DeadLetter, GroupConsumer, Message, StreamConsumer
+
+RECORD_DEADLINE_S = 60.0
+"""How long a record waits for Redis to come back (a restart, an AOF load)."""
+
+
+async def push_record(redis: Redis, key: str, value: str) -> None:
+    """``RPUSH key value``, again while Redis is restarting or loading: a record is the
+    test's evidence, not the work, so a server the test restarts must not fail the
+    entry (and dead-letter it after ``max_handler_attempts``). A reply lost after the
+    push may record it twice; the tests count distinct records."""
+    deadline = time.monotonic() + RECORD_DEADLINE_S
+    while True:
+        try:
+            await redis.rpush(key, value)
+            return
+        except (ConnectionError, TimeoutError, BusyLoadingError):
+            if time.monotonic() > deadline:
+                raise
+            await anyio.sleep(0.05)
 
 
 def log_key(service: str) -> str:
@@ -28,7 +49,7 @@ class RecordingWorker(StreamConsumer):
     async def handle(self, message: Message) -> None:
         await anyio.sleep(float(message.info.get("work_ms", 20)) / 1000)
         record = f"{self.consumer_name}|{message.stream}|{message.id}|{int(time.time() * 1000)}"
-        await self.redis.rpush(log_key(self.service), record)
+        await push_record(self.redis, log_key(self.service), record)
 
 
 class PoisonWorker(RecordingWorker):
@@ -48,7 +69,7 @@ class AnnouncingWorker(RecordingWorker):
     """Records each entry's id in ``faults:<service>:begun`` as its handler starts."""
 
     async def handle(self, message: Message) -> None:
-        await self.redis.rpush(begun_key(self.service), message.id)
+        await push_record(self.redis, begun_key(self.service), message.id)
         await super().handle(message)
 
 
@@ -81,8 +102,8 @@ class PooledWorker(RecordingWorker):
 
     async def on_startup(self) -> None:
         self.pool = [self.db_url]
-        await self.redis.rpush(
-            lifecycle_key(self.service), f"startup owned={len(self.owned_streams)}"
+        await push_record(
+            self.redis, lifecycle_key(self.service), f"startup owned={len(self.owned_streams)}"
         )
 
     async def handle(self, message: Message) -> None:
@@ -91,8 +112,8 @@ class PooledWorker(RecordingWorker):
 
     async def on_shutdown(self) -> None:
         self.pool = None
-        await self.redis.rpush(
-            lifecycle_key(self.service), f"shutdown owned={len(self.owned_streams)}"
+        await push_record(
+            self.redis, lifecycle_key(self.service), f"shutdown owned={len(self.owned_streams)}"
         )
 
 
@@ -113,7 +134,7 @@ class FailingStartup(RecordingWorker):
         raise ConnectionRefusedError("database at db://nowhere refused the connection")
 
     async def on_shutdown(self) -> None:
-        await self.redis.rpush(lifecycle_key(self.service), "shutdown")
+        await push_record(self.redis, lifecycle_key(self.service), "shutdown")
 
 
 class GroupRecordingWorker(GroupConsumer):
@@ -125,11 +146,11 @@ class GroupRecordingWorker(GroupConsumer):
 
     async def handle(self, message: Message) -> None:
         fields = message.fields
-        await self.redis.rpush(begun_key(self.service), f"{self.consumer_name}|{message.id}")
+        await push_record(self.redis, begun_key(self.service), f"{self.consumer_name}|{message.id}")
         if fields.get("crash"):
             os.kill(os.getpid(), signal.SIGKILL)
         if fields.get("poison"):
             raise ValueError(f"poison entry {message.id}")
         await anyio.sleep(float(fields.get("work_ms", 20)) / 1000)
         record = f"{self.consumer_name}|{message.stream}|{message.id}|{int(time.time() * 1000)}"
-        await self.redis.rpush(log_key(self.service), record)
+        await push_record(self.redis, log_key(self.service), record)
