@@ -40,7 +40,6 @@ import builtins
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 
@@ -57,9 +56,8 @@ from ._dlq_replay import (
 )
 from ._dlq_replay import _Queued as _Queued  # tests import it from here
 from ._dlq_types import DeadLetterFilter, Progress, Replayed, ReplayReport, _check_id
-from ._keys import DEFAULT_PREFIX, Keys
-from ._redis._gateway import Gateway
 from ._redis._scripts import MAX_COPY_VALUES
+from ._service_tool import ServiceTool
 from ._wire import (
     EOS_FIELD,
     EOS_VALUE,
@@ -89,29 +87,16 @@ BUSY_WAIT_S = 5.0
 being cancelled) to finish before skipping that stream's dead letters."""
 
 
-class DeadLetters:
+class DeadLetters(ServiceTool):
     """The dead letters of one service.
 
     Args:
-        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` (not closed here).
-        service: the service.
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` (not closed here); a
+            replay writes through it, so its user needs the consumers' permissions.
+        service: the service whose dead letters these are.
         key_prefix: the consumers' ``ConsumerConfig.key_prefix``.
         dlq_stream: the consumers' ``RecoveryConfig.dlq_stream``, if they set one.
     """
-
-    def __init__(
-        self,
-        redis: Any,
-        *,
-        service: str,
-        key_prefix: str = DEFAULT_PREFIX,
-        dlq_stream: str | None = None,
-    ) -> None:
-        keys = Keys(service, key_prefix)
-        if dlq_stream is not None:
-            keys.check_dlq_name(dlq_stream)
-        self._keys = keys
-        self._gw = Gateway(redis, keys, dlq=dlq_stream)
 
     @property
     def stream(self) -> str:

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._deadletter import REASON_FIELD, SOURCE_STREAM_FIELD
-from ._keys import DEFAULT_PREFIX, Keys
-from ._redis._gateway import Gateway
 from ._redis._operator import owner_of
+from ._service_tool import ServiceTool
 from ._wire import parse_assignment, parse_retry_count, stream_name_of
 from .exceptions import InvalidAssignment, StreamJobsError
 
@@ -201,29 +200,16 @@ def _retry(fields: dict[str, str]) -> int:
         return 0
 
 
-class Inspector:
+class Inspector(ServiceTool):
     """Reads a service's state. Read-only: it never writes to Redis.
 
     Args:
-        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` (not closed here).
-        service: the service.
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` (not closed here); the
+            inspector only reads through it.
+        service: the service to inspect.
         key_prefix: the consumers' ``ConsumerConfig.key_prefix``.
         dlq_stream: the consumers' ``RecoveryConfig.dlq_stream``, if they set one.
     """
-
-    def __init__(
-        self,
-        redis: Any,
-        *,
-        service: str,
-        key_prefix: str = DEFAULT_PREFIX,
-        dlq_stream: str | None = None,
-    ) -> None:
-        keys = Keys(service, key_prefix)
-        if dlq_stream is not None:
-            keys.check_dlq_name(dlq_stream)
-        self._keys = keys
-        self._gw = Gateway(redis, keys, dlq=dlq_stream)
 
     async def check_service(self, *, queued_only: bool = False) -> None:
         """Raises:
