@@ -213,13 +213,8 @@ async def subscribe(
     """
     pubsub = client.pubsub()
     try:
-        await pubsub.psubscribe(pattern)
         # Started only once the server confirmed: a refusal (NOPERM) raises here.
-        with anyio.fail_after(_CONFIRM_TIMEOUT_S):
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
-                if msg is not None and text(msg.get("type", b"")) == "psubscribe":
-                    break
+        await _psubscribe_confirmed(pubsub, pattern)
         task_status.started()
         while True:
             msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
@@ -231,6 +226,17 @@ async def subscribe(
             await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
+async def _psubscribe_confirmed(pubsub: Any, pattern: str) -> None:
+    """PSUBSCRIBE ``pattern`` and return once the server confirmed it (a refusal,
+    NOPERM, raises; no confirmation within ``_CONFIRM_TIMEOUT_S``: TimeoutError)."""
+    await pubsub.psubscribe(pattern)
+    with anyio.fail_after(_CONFIRM_TIMEOUT_S):
+        while True:
+            msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
+            if msg is not None and text(msg.get("type", b"")) == "psubscribe":
+                return
+
+
 async def probe_subscription(client: Redis, pattern: str) -> None:
     """PSUBSCRIBE ``pattern`` and wait for the confirmation, then leave.
 
@@ -239,12 +245,7 @@ async def probe_subscription(client: Redis, pattern: str) -> None:
     """
     pubsub = client.pubsub()
     try:
-        await pubsub.psubscribe(pattern)
-        with anyio.fail_after(_CONFIRM_TIMEOUT_S):
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
-                if msg is not None and text(msg.get("type", b"")) == "psubscribe":
-                    return
+        await _psubscribe_confirmed(pubsub, pattern)
     except Exception as exc:
         error = translate(exc)
         if isinstance(error, PermissionDenied):
