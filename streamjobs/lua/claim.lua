@@ -15,13 +15,10 @@
 -- {1, {}, reason} if the stream was cancelled: the acks are made, nothing is claimed,
 -- and the caller ends the stream (as after fence.lua): a claim is a read too, and a
 -- cancelled stream hands nothing more to handle().
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+--#include fence
+local owned, cancelled = fence(KEYS[1], ARGV[1], KEYS[2], ARGV[2], KEYS[3], 5)
+if not owned then
   return {0}
-end
--- Read before the first write: a script is not rolled back.
-local cancelled = redis.call('GET', KEYS[3])
-if #ARGV > 4 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 5))
 end
 if cancelled then
   return {1, {}, cancelled}

@@ -17,13 +17,10 @@
 -- takeover), ours from a reply that was lost, or a stalled owner's read queued
 -- behind its own failed fence. They come before new ones: the caller discards what
 -- the XREADGROUP of this transaction returned and claims the pending ones in order.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+--#include fence
+local owned, cancelled = fence(KEYS[1], ARGV[1], KEYS[2], ARGV[2], KEYS[3], 3)
+if not owned then
   return {0}
-end
--- Read before the first write: a script is not rolled back.
-local cancelled = redis.call('GET', KEYS[3])
-if #ARGV > 2 then
-  redis.call('XACK', KEYS[2], ARGV[2], unpack(ARGV, 3))
 end
 local pending = redis.call('XPENDING', KEYS[2], ARGV[2])[1]
 local last = '0-0'
