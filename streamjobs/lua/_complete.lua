@@ -1,5 +1,5 @@
 -- _complete.lua: the three steps of completing a stream (--#include complete, after
--- --#include pending), each a function so that seal.lua, finish.lua and release.lua
+-- --#include pending and --#include fields), each a function so that seal.lua, finish.lua and release.lua
 -- run one each (a cluster: the data stream's slot, the service's slot, the data
 -- stream's slot), and complete.lua runs all three at once where every key lives on
 -- one server.
@@ -59,16 +59,7 @@ end
 -- finish.lua's reads: the assignment's stream name, and whether the active-assignment
 -- index points at this assignment (an index that is not a hash is left alone).
 local function finish_reads(lbs, active, id, field)
-  local name = nil
-  local found = redis.call('XRANGE', lbs, id, id)
-  if #found > 0 then
-    local src = found[1][2]
-    for i = 1, #src, 2 do
-      if src[i] == field then
-        name = src[i + 1]
-      end
-    end
-  end
+  local name = entry_field(lbs, id, field)
   local indexed = name ~= nil and redis.call('TYPE', active)['ok'] == 'hash' and
     redis.call('HGET', active, name) == id
   return name, indexed

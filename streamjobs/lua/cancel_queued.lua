@@ -14,6 +14,7 @@
 -- index has no unfinished assignment for the stream. job is the assignment's
 -- _first_id, or its id when it has none (docs/design.md#job-identity).
 -- Reads (the index's type, the pending check) come before the first write.
+--#include fields
 if redis.call('TYPE', KEYS[2])['ok'] ~= 'hash' then
   return {'none', '', ''}
 end
@@ -28,15 +29,7 @@ if (lbs_type ~= 'stream' and lbs_type ~= 'none') or (lease_type ~= 'zset' and le
 end
 local job = id
 if lbs_type == 'stream' then
-  local entry = redis.call('XRANGE', KEYS[1], id, id)
-  if #entry > 0 then
-    local fields = entry[1][2]
-    for i = 1, #fields, 2 do
-      if fields[i] == ARGV[3] then
-        job = fields[i + 1]
-      end
-    end
-  end
+  job = entry_field(KEYS[1], id, ARGV[3]) or id
 end
 local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], id, id, 1)
 if p['err'] == nil and #p > 0 then  -- (no group yet: nothing was delivered)

@@ -24,6 +24,7 @@
 -- pending (a recoverer re-queued it)}. The lock is released whenever it was sealed.
 -- Every read comes before the first write.
 --#include pending
+--#include fields
 --#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return {0, 0}

@@ -14,6 +14,7 @@
 -- assignment of the same stream, written by other means, never moves it). An index
 -- that is not a hash is left alone (add.lua reports it). Every read comes first.
 --#include pending
+--#include fields
 --#include complete
 local name, indexed = finish_reads(KEYS[1], KEYS[3], ARGV[2], ARGV[3])
 return finish_writes(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], name, indexed)

@@ -10,6 +10,7 @@
 -- ARGV[5..] entry ids to acknowledge before releasing
 -- Returns 1 if released, 0 if the token did not match (nothing done).
 --#include pending
+--#include fields
 --#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0

@@ -31,6 +31,7 @@
 -- ARGV[8..] entry ids to acknowledge
 -- Returns 1 if sealed, 0 if the token did not match (nothing done).
 --#include pending
+--#include fields
 --#include complete
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
