@@ -7,6 +7,7 @@ kind adds how it reads and what it holds."""
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,7 +50,7 @@ class _Gateway(Protocol):
     def assignments(self) -> DeadLetterSink: ...
 
 
-class KindRuntime:
+class KindRuntime(abc.ABC):
     """The part of a running consumer that both kinds share. Constructing it does no I/O."""
 
     gateway: _Gateway
@@ -78,16 +79,18 @@ class KindRuntime:
         )
         self.life = Lifecycle(hooks)
 
+    @abc.abstractmethod
     def health(self) -> tuple[bool, str]:
-        raise NotImplementedError
+        """Liveness: (alive, why not)."""
 
+    @abc.abstractmethod
     def readiness(self) -> tuple[bool, str]:
-        raise NotImplementedError
+        """Readiness: (ready, why not)."""
 
+    @abc.abstractmethod
     def held(self) -> tuple[int, int]:
         """Streams held now (owned, or with a live member), and those in a batch of
         ``handle()`` calls."""
-        raise NotImplementedError
 
     def statistics(self) -> ConsumerStatistics:
         held, handling = self.held()
