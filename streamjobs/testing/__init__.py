@@ -44,7 +44,7 @@ owner could not stop it; that is a safety net, not a replacement for ``stop()``.
 """
 
 from ._cluster import LocalCluster
-from ._cluster_view import ClusterError, ClusterStartupError
+from ._cluster_errors import ClusterError, ClusterStartupError
 from ._fleet import Worker, WorkerFleet
 from ._memory import fake_redis
 from ._process import (

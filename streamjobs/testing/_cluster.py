@@ -1,111 +1,49 @@
 """A real, local OSS Redis Cluster for tests: 3 primaries + 3 replicas.
 
 `LocalCluster` runs six nodes, each a `RedisServer` (a foreground child of the
-calling process with its own directory and log), and joins them into a cluster.
-Everything is synchronous and polls with deadlines; from async code, call the slow
-methods through `anyio.to_thread.run_sync`.
+calling process with its own directory and log), and joins them into a cluster
+(`_cluster_bringup.py`). Everything is synchronous and polls with deadlines; from
+async code, call the slow methods through `anyio.to_thread.run_sync`.
 
 Like the rest of `streamjobs.testing` it uses none of the consumer code: the
-cluster is the ground truth that cluster tests are checked against. Its queries
-and waits are in `_cluster_view.py`.
-
-Facts this relies on (Redis 7.0):
-
-* `--repl-diskless-sync-delay 0` saves about 6 s of bring-up (the default waits
-  5 s for more replicas before a full sync).
-* A primary reports `cluster_state:ok` only about 2 s after it started
-  (`CLUSTER_WRITABLE_DELAY`), which is the floor of the start-up time.
-* `CLUSTER SLOTS` leaves out replicas whose replication offset is still 0, so a
-  fresh cluster shows no replicas to clients until each primary took a write.
-* A restarted node keeps its `nodes.conf` and rejoins with its old identity; an
-  old primary that was failed over comes back as a replica of its successor.
+cluster is the ground truth that cluster tests are checked against.
 """
 
 from __future__ import annotations
 
 import atexit
-import random
 import shutil
 import signal
-import socket
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import redis
-from redis.crc import key_slot
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from ._cluster_view import SLOT_COUNT, ClusterError, ClusterStartupError, ClusterView
+from ._cluster_bringup import bring_up
+from ._cluster_errors import SLOT_COUNT, ClusterError, ClusterStartupError
 from ._process import HOST, PortInUseError, RedisServerError, server_binary
 from ._server import RedisServer
 
-NODE_COUNT: Final = 6
-PRIMARY_COUNT: Final = 3
-
-# The cluster bus listens on port + 10000. Client ports are drawn from a range whose
-# bus ports stay below the kernel's usual ephemeral range (32768+), so an outgoing
-# connection cannot grab a bus port between our probe and the node's bind. The
-# range also keeps clear of 6379-6400, where other Redis servers tend to live.
-_BUS_PORT_OFFSET: Final = 10000
-_PORT_RANGE: Final = (11000, 22700)
 _START_ATTEMPTS: Final = 3
 _LOG_TAIL_LINES: Final = 25
-
-# On top of RedisServer's own arguments (127.0.0.1, foreground, no persistence).
-_NODE_ARGS: Final = (
-    "--cluster-enabled",
-    "yes",
-    "--cluster-config-file",
-    "nodes.conf",
-    "--repl-diskless-sync-delay",
-    "0",
-)
+_POLL_INTERVAL_S: Final = 0.02
 
 
-def _slot_ranges() -> list[tuple[int, int]]:
-    """The three primaries' slot ranges, split like `redis-cli --cluster create`."""
-    per = SLOT_COUNT / PRIMARY_COUNT
-    bounds = [round(per * i) for i in range(PRIMARY_COUNT + 1)]
-    return [(bounds[i], bounds[i + 1] - 1) for i in range(PRIMARY_COUNT)]
+def _parse_info(text: str) -> dict[str, str]:
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            info[name.strip()] = value.strip()
+    return info
 
 
-def _key_in_slots(first: int, last: int) -> str:
-    """A key whose hash slot lies in `[first, last]`."""
-    for i in range(1_000_000):
-        key = f"localcluster:probe:{i}"
-        if first <= key_slot(key.encode()) <= last:
-            return key
-    raise ClusterError(f"no probe key found for slots {first}-{last}")  # pragma: no cover
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _pick_ports(count: int, exclude: set[int]) -> list[int]:
-    """`count` free ports whose bus ports (+10000) are free too."""
-    rng = random.SystemRandom()  # independent of any seeding a test does
-    ports: list[int] = []
-    for _ in range(2000):
-        port = rng.randrange(*_PORT_RANGE)
-        taken = set(ports) | exclude
-        if {port, port + _BUS_PORT_OFFSET} & (taken | {p + _BUS_PORT_OFFSET for p in taken}):
-            continue
-        if _port_is_free(port) and _port_is_free(port + _BUS_PORT_OFFSET):
-            ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise ClusterStartupError(f"could not find {count} free port pairs in {_PORT_RANGE}")
-
-
-class LocalCluster(ClusterView):
+class LocalCluster:
     """Six `RedisServer` nodes forming a 3 + 3 OSS cluster.
 
     Construction does no I/O; `start()` (or `with LocalCluster() as c:`) does.
@@ -185,7 +123,7 @@ class LocalCluster(ClusterView):
         avoid: set[int] = set()
         for attempt in range(1, _START_ATTEMPTS + 1):
             try:
-                self._bring_up(server, attempt, avoid, deadline)
+                self._phases = bring_up(self, server, attempt, avoid, deadline)
                 break
             except PortInUseError:
                 avoid |= set(self._nodes)
@@ -228,108 +166,6 @@ class LocalCluster(ClusterView):
             self._close_client(port)
             node.stop(timeout_s=max(0.0, deadline - time.monotonic()))
         self._nodes = {}
-
-    # -- bring-up
-
-    def _bring_up(self, server: str, attempt: int, avoid: set[int], deadline: float) -> None:
-        assert self._base_dir is not None
-        t0 = time.monotonic()
-        ports = _pick_ports(NODE_COUNT, avoid)
-        for index, port in enumerate(ports):
-            node = RedisServer(
-                port=port,
-                directory=self._base_dir / f"try{attempt}-node{index}-{port}",
-                binary=server,
-                extra_args=[
-                    *_NODE_ARGS,
-                    "--cluster-node-timeout",
-                    str(self._node_timeout_ms),
-                    *self._extra_args,
-                    *self._node_extra_args.get(index, ()),
-                ],
-            )
-            self._nodes[port] = node
-            node.start(wait=False)  # all six boot at once; wait for them below
-        for port in ports:
-            self._nodes[port].wait_ready(max(0.0, deadline - time.monotonic()))
-        t1 = time.monotonic()
-        self._create_native(ports, deadline)
-        self._wait(deadline, "replica links up", self._why_links_down)
-        self._bump_replication_offsets(ports[:PRIMARY_COUNT])
-        t2 = time.monotonic()
-        self._wait(deadline, "cluster_state:ok and replica links up", self._why_not_up)
-        t3 = time.monotonic()
-        self._make_replicas_visible(deadline)
-        t4 = time.monotonic()
-        self._phases = {
-            "spawn": t1 - t0,
-            "create": t2 - t1,  # slots, meet, replicate, links up
-            "converge": t3 - t2,  # cluster_state:ok everywhere
-            "replicas_visible": t4 - t3,
-        }
-
-    def _create_native(self, ports: list[int], deadline: float) -> None:
-        """Create the cluster with `CLUSTER` commands (no `redis-cli`, no sleeps).
-
-        1. Each primary takes its slot range, and every node gets a distinct config
-           epoch while it still knows only itself (as `redis-cli` does), so no
-           epoch collision has to be resolved later.
-        2. Every node meets every other one: no waiting for gossip to spread
-           the membership.
-        3. Once a replica knows its primary's node id, it replicates it.
-        """
-        primaries, replicas = ports[:PRIMARY_COUNT], ports[PRIMARY_COUNT:]
-        for port, (first, last) in zip(primaries, _slot_ranges(), strict=True):
-            self._cmd(port, "CLUSTER", "ADDSLOTSRANGE", first, last)
-        for epoch, port in enumerate(ports, start=1):
-            self._cmd(port, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
-        for i, port in enumerate(ports):
-            for other in ports[i + 1 :]:
-                self._cmd(port, "CLUSTER", "MEET", HOST, other)
-        ids = {port: str(self._cmd(port, "CLUSTER", "MYID")) for port in ports}
-        pending = dict(zip(replicas, primaries, strict=True))
-
-        def replicate() -> str | None:
-            for replica, primary in list(pending.items()):
-                try:
-                    self._cmd(replica, "CLUSTER", "REPLICATE", ids[primary])
-                except redis.ResponseError as exc:  # "Unknown node": no handshake yet
-                    return f"{replica} cannot replicate {primary} yet: {exc}"
-                del pending[replica]
-            return None
-
-        self._wait(deadline, "replicas attached", replicate)
-
-    def _bump_replication_offsets(self, primaries: list[int]) -> None:
-        """Put one command into each primary's replication stream, right away.
-
-        Redis 7.0 leaves replicas with replication offset 0 out of `CLUSTER SLOTS`,
-        so clients (and `target_nodes=ALL_NODES`) would not see them until the
-        first write or the 10 s replication ping. Each node learns a replica's
-        offset only from that replica's own cluster-bus pings, roughly once a
-        second per peer, so a write made once the cluster is ok costs up to ~1 s
-        more. Key writes are refused until then (CLUSTERDOWN), but a keyless
-        write is not: `FUNCTION FLUSH` on the empty function library is
-        replicated and moves the offset. Done now, the pings carry the new offset
-        during the ~2 s a fresh primary waits before it reports ok anyway
-        (measured: bring-up 2.95 s -> 2.05 s).
-        """
-        for port in primaries:
-            self._cmd(port, "FUNCTION", "FLUSH")
-
-    def _make_replicas_visible(self, deadline: float) -> None:
-        """Write and delete one key per primary, then wait until every node's
-        `CLUSTER SLOTS` lists a replica for every slot range.
-
-        After `_bump_replication_offsets` the wait normally ends at once; the key
-        write keeps this step correct on its own.
-        """
-        for port in self.primaries():
-            for first, last in self.slot_owners(port):
-                key = _key_in_slots(first, last)
-                self._cmd(port, "SET", key, "1")
-                self._cmd(port, "DEL", key)
-        self._wait(deadline, "CLUSTER SLOTS lists replicas", self._why_replicas_hidden)
 
     def _failure_report(self, exc: BaseException) -> str:
         parts = [f"local Redis Cluster failed to start: {exc!r}", f"phases: {self._phases}"]
@@ -413,3 +249,222 @@ class LocalCluster(ClusterView):
         self._wait(deadline, f"graceful failover to {replica_port}", why_not)
         self.wait_settled(max(0.0, deadline - time.monotonic()))
         return time.monotonic() - started
+
+    # -- the nodes' state
+
+    @property
+    def ports(self) -> list[int]:
+        """All six node ports, running or not, in start-up order (empty once stopped)."""
+        return list(self._nodes)
+
+    @property
+    def pids(self) -> list[int]:
+        """Pids of the node processes that are running now."""
+        return [node.pid for node in self._nodes.values() if node.running]
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of every node, for `RedisCluster(startup_nodes=...)`."""
+        return [(HOST, port) for port in self._nodes]
+
+    @property
+    def url(self) -> str:
+        """`redis://` URL of one running node (the first in start-up order)."""
+        for port in self.live_ports():
+            return f"redis://{HOST}:{port}"
+        raise ClusterError("no node is running")
+
+    def node(self, port: int) -> RedisServer:
+        """The server of the node on `port` (running or not).
+
+        Raises:
+            ClusterError: no node of this cluster has that port.
+        """
+        try:
+            return self._nodes[port]
+        except KeyError:
+            raise ClusterError(f"no node on port {port}") from None
+
+    def live_ports(self) -> list[int]:
+        """Ports of the nodes whose process is running."""
+        return [port for port, node in self._nodes.items() if node.running]
+
+    def node_pid(self, port: int) -> int:
+        """Pid of the node process on `port` (it may have been killed since)."""
+        try:
+            return self.node(port).pid
+        except RuntimeError:
+            raise ClusterError(f"node {port} was never started") from None
+
+    def role(self, port: int) -> str:
+        """`master` or `slave`, as the node reports it (`ROLE`)."""
+        return str(self._cmd(port, "ROLE")[0])
+
+    def cluster_info(self, port: int) -> dict[str, str]:
+        """`CLUSTER INFO` of one node, e.g. `info["cluster_state"] == "ok"`."""
+        return _parse_info(str(self._cmd(port, "CLUSTER", "INFO")))
+
+    def primaries(self) -> list[int]:
+        """Ports of the running nodes that report role master, in start-up order."""
+        return [port for port in self.live_ports() if self._role_reply(port)[0] == "master"]
+
+    def replicas(self) -> list[int]:
+        """Ports of the running nodes that report role slave, in start-up order."""
+        return [port for port in self.live_ports() if self._role_reply(port)[0] == "slave"]
+
+    def replica_of(self, primary_port: int) -> int:
+        """Port of a running replica that replicates `primary_port`.
+
+        Raises:
+            ClusterError: the primary has no running replica.
+        """
+        for port in self.live_ports():
+            reply = self._role_reply(port)
+            if reply[0] == "slave" and int(reply[2]) == primary_port:
+                return port
+        raise ClusterError(f"node {primary_port} has no running replica")
+
+    def slot_owners(self, port: int | None = None) -> list[tuple[int, int]]:
+        """Slot ranges (first, last) that `port` owns, as seen by `port` itself.
+
+        With `port=None`, all slot ranges of the cluster as seen by the first
+        running node.
+        """
+        asked = port if port is not None else self.live_ports()[0]
+        return [
+            (first, last)
+            for (first, last), owner in self._slot_map(asked).items()
+            if port is None or owner == port
+        ]
+
+    def wait_role(self, port: int, role: str, timeout_s: float = 30.0) -> float:
+        """Wait until the node on `port` reports `role`; return the seconds waited."""
+        started = time.monotonic()
+
+        def why_not() -> str | None:
+            current = self.role(port)
+            return None if current == role else f"node {port} is {current}"
+
+        self._wait(started + timeout_s, f"node {port} to become {role}", why_not)
+        return time.monotonic() - started
+
+    def wait_settled(self, timeout_s: float = 30.0) -> None:
+        """Wait until every running node reports `cluster_state:ok` and all of them
+        map every slot range to the same running primary."""
+        self._wait(time.monotonic() + timeout_s, "the cluster to settle", self._why_unsettled)
+
+    # -- conditions -------------------------------------------------------------------
+
+    def _why_not_up(self) -> str | None:
+        for port in self.live_ports():
+            state = self.cluster_info(port).get("cluster_state")
+            if state != "ok":
+                return f"node {port} reports cluster_state:{state}"
+            reason = self._why_link_down(port)
+            if reason is not None:
+                return reason
+        return None
+
+    def _why_links_down(self) -> str | None:
+        for port in self.live_ports():
+            reason = self._why_link_down(port)
+            if reason is not None:
+                return reason
+        return None
+
+    def _why_link_down(self, port: int) -> str | None:
+        reply = self._role_reply(port)
+        if reply[0] == "slave" and reply[3] != "connected":
+            return f"replica {port} link to {reply[2]} is {reply[3]}"
+        return None
+
+    def _why_replicas_hidden(self) -> str | None:
+        for port in self.live_ports():
+            slots = self._cmd(port, "CLUSTER", "SLOTS")
+            for entry in slots:
+                if len(entry) < 4:  # [first, last, primary, replica...]
+                    return f"node {port} lists no replica for slots {entry[0]}-{entry[1]}"
+        return None
+
+    def _why_unsettled(self) -> str | None:
+        live = self.live_ports()
+        if not live:
+            return "no node is running"
+        maps: dict[int, dict[tuple[int, int], int]] = {}
+        for port in live:
+            state = self.cluster_info(port).get("cluster_state")
+            if state != "ok":
+                return f"node {port} reports cluster_state:{state}"
+            maps[port] = self._slot_map(port)
+        reference = maps[live[0]]
+        if sum(last - first + 1 for first, last in reference) != SLOT_COUNT:
+            return f"node {live[0]} does not cover all slots"
+        for port, slot_map in maps.items():
+            if slot_map != reference:
+                return f"nodes {live[0]} and {port} disagree on slot owners"
+        dead_owners = set(reference.values()) - set(live)
+        if dead_owners:
+            return f"slots are still owned by stopped nodes {sorted(dead_owners)}"
+        return None
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _client(self, port: int) -> redis.Redis:
+        client = self._clients.get(port)
+        if client is None:
+            self.node(port)  # a ClusterError for a port that is not ours
+            # No retries: a dead node must fail fast, polling loops retry anyway.
+            client = self._clients[port] = redis.Redis(
+                host=HOST,
+                port=port,
+                decode_responses=True,
+                socket_timeout=2.0,
+                socket_connect_timeout=1.0,
+                retry=Retry(NoBackoff(), 0),
+            )
+        return client
+
+    def _close_client(self, port: int) -> None:
+        client = self._clients.pop(port, None)
+        if client is not None:
+            client.close()
+
+    def _cmd(self, port: int, *args: str | int) -> Any:
+        """One raw command to one node. Multi-word commands are passed as separate
+        arguments, so redis-py applies no response callback: replies stay raw."""
+        # redis-py leaves the sync `execute_command` unannotated.
+        return self._client(port).execute_command(*args)  # type: ignore[no-untyped-call]
+
+    def _role_reply(self, port: int) -> list[Any]:
+        reply = self._cmd(port, "ROLE")
+        if not isinstance(reply, list) or not reply:
+            raise ClusterError(f"unexpected ROLE reply from {port}: {reply!r}")
+        return reply
+
+    def _slot_map(self, port: int) -> dict[tuple[int, int], int]:
+        """`CLUSTER SLOTS` of one node as {(first, last): primary port}."""
+        return {
+            (int(entry[0]), int(entry[1])): int(entry[2][1])
+            for entry in self._cmd(port, "CLUSTER", "SLOTS")
+        }
+
+    def _wait(self, deadline: float, what: str, why_not: Callable[[], str | None]) -> None:
+        """Poll `why_not` (None means done) until the deadline.
+
+        Connection errors count as "not yet": nodes restart and fail over while
+        we poll.
+        """
+        reason: str | None = "never checked"
+        while True:
+            try:
+                reason = why_not()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason is None:
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"timed out waiting for {what}; last: {reason}")
+            time.sleep(_POLL_INTERVAL_S)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(ports={self.ports}, live={self.live_ports()})"

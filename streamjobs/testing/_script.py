@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from .._urls import ENV_VAR, redact
-from ._cluster_view import ClusterError
+from ._cluster_errors import ClusterError
 from ._process import RedisServerError
 
 ABOUT_URL = (
